@@ -1,0 +1,77 @@
+"""The few Linux syscalls Python's os module does not expose, through ctypes.
+
+Each function raises OSError with the syscall's errno, like the os module does. They are called
+from worker threads only (see backend.py), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+AT_FDCWD = -100
+AT_SYMLINK_NOFOLLOW = 0x100
+AT_EMPTY_PATH = 0x1000
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+UTIME_NOW = (1 << 30) - 1
+UTIME_OMIT = (1 << 30) - 2
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long))
+
+
+def _check(result: int) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+_libc.renameat2.argtypes = (
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_uint,
+)
+_libc.fchownat.argtypes = (
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_uint,
+    ctypes.c_uint,
+    ctypes.c_int,
+)
+_libc.utimensat.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_Timespec), ctypes.c_int)
+_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
+
+
+def renameat2(olddirfd: int, oldname: bytes, newdirfd: int, newname: bytes, flags: int) -> None:
+    """rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE, relative to directory fds."""
+    _check(_libc.renameat2(olddirfd, oldname, newdirfd, newname, flags))
+
+
+def fchown_empty(fd: int, uid: int, gid: int) -> None:
+    """chown the object an O_PATH fd refers to (symlinks included, never following)."""
+    _check(_libc.fchownat(fd, b"", uid & 0xFFFFFFFF, gid & 0xFFFFFFFF, AT_EMPTY_PATH))
+
+
+def _ts(ns: int | None) -> _Timespec:
+    if ns is None:
+        return _Timespec(0, UTIME_OMIT)
+    return _Timespec(ns // 1_000_000_000, ns % 1_000_000_000)
+
+
+def utimens_empty(fd: int, atime_ns: int | None, mtime_ns: int | None) -> None:
+    """Set times on the object an O_PATH fd refers to; None leaves that time unchanged."""
+    times = (_Timespec * 2)(_ts(atime_ns), _ts(mtime_ns))
+    _check(_libc.utimensat(fd, b"", times, AT_EMPTY_PATH))
+
+
+def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    """fallocate(2) with its mode flags (os.posix_fallocate has none)."""
+    _check(_libc.fallocate(fd, mode, offset, length))

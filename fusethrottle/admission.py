@@ -1,0 +1,116 @@
+"""The write gate: a write waits until it fits in the un-synced window.
+
+Without the kernel writeback cache every write() is a synchronous FUSE_WRITE, so delaying our
+reply *is* the back-pressure: the writer sleeps in write() instead of filling the page cache.
+
+Why waiting here cannot deadlock pyfuse3's bounded pool of request tasks: what frees the window
+is the flusher's fsync, which runs in its own task and its own thread pool and needs no FUSE
+request to make progress. fsync, flush, release, forget and reads never pass this gate. And every
+wait is bounded (``timeout``): a write that waited that long is admitted anyway and counted, so
+even a target that never completes an fsync turns into slow writes, never a wedged mount.
+
+Waiters are served first come, first served, so a large write is not starved by small ones.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from .ledger import Ledger
+
+
+@dataclass(frozen=True)
+class GateStatistics:
+    waiting: int
+    throttled_total: int
+    timeouts_total: int
+    wait_seconds_total: float
+
+
+class _Waiter:
+    __slots__ = ("event", "nbytes")
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.event = trio.Event()
+
+
+class WindowGate:
+    """Admits writes while ``ledger.unsynced + n <= window()``."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        window: Callable[[], int],
+        *,
+        enabled: bool = True,
+        timeout: float = 60.0,
+        on_pressure: Callable[[], None] | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.window = window
+        self.enabled = enabled
+        self.timeout = timeout
+        self.on_pressure = on_pressure
+        self._queue: deque[_Waiter] = deque()
+        self.throttled_total = 0
+        self.timeouts_total = 0
+        self.wait_seconds_total = 0.0
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    def _fits(self, nbytes: int) -> bool:
+        unsynced = self.ledger.unsynced
+        # An empty mount always admits, so a write larger than the window still progresses.
+        return unsynced == 0 or unsynced + nbytes <= self.window()
+
+    async def admit(self, nbytes: int) -> float:
+        """Reserve *nbytes* in the ledger, waiting for room; returns the seconds waited."""
+        if not self.enabled or (not self._queue and self._fits(nbytes)):
+            self.ledger.reserve(nbytes)
+            return 0.0
+        waiter = _Waiter(nbytes)
+        self._queue.append(waiter)
+        self.throttled_total += 1
+        start = trio.current_time()
+        if self.on_pressure is not None:
+            self.on_pressure()
+        with trio.move_on_after(self.timeout) as scope:
+            try:
+                await waiter.event.wait()
+            except BaseException:
+                # Cancelled while queued (or just granted): give back what was granted.
+                if waiter.event.is_set():
+                    self.ledger.unreserve(waiter.nbytes)
+                else:
+                    self._queue.remove(waiter)
+                self.wake()
+                raise
+        if scope.cancelled_caught and not waiter.event.is_set():
+            self._queue.remove(waiter)
+            self.timeouts_total += 1
+            self.ledger.reserve(nbytes)
+            self.wake()
+        waited = trio.current_time() - start
+        self.wait_seconds_total += waited
+        return waited
+
+    def wake(self) -> None:
+        """Grant queued writes, in order, while they fit. Call whenever room may have appeared."""
+        while self._queue and (not self.enabled or self._fits(self._queue[0].nbytes)):
+            waiter = self._queue.popleft()
+            self.ledger.reserve(waiter.nbytes)
+            waiter.event.set()
+        if self._queue and self.on_pressure is not None:
+            self.on_pressure()
+
+    def statistics(self) -> GateStatistics:
+        return GateStatistics(
+            self.waiting, self.throttled_total, self.timeouts_total, self.wait_seconds_total
+        )

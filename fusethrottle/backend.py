@@ -1,0 +1,455 @@
+"""The only code that touches the backing directory (the NFS/EFS target).
+
+Every syscall runs in a worker thread behind a trio CapacityLimiter of our own, so a hung NFS
+server blocks worker threads, never the event loop: metadata, metrics and unmount keep answering.
+Three pools keep classes of work from starving each other:
+
+* ``meta``  lookups, attributes, directory changes, xattrs
+* ``data``  read/write/flush/release of open files
+* ``sync``  fsync/fdatasync (injected by the flusher or asked for by the application)
+
+All paths are relative to directory file descriptors (``*at()`` calls), so a deep tree that is
+legal on the target never overflows PATH_MAX by having the backing root prefixed to it. Inodes
+are held as O_PATH descriptors (see inodes.py); operations that need a real open file reopen the
+O_PATH descriptor through ``/proc/self/fd``.
+
+Each completed operation is reported to an optional observer ``(op, nbytes)`` so the meter can
+account for it the way EFS bills it.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import trio
+
+from . import _libc
+
+T = TypeVar("T")
+
+O_PATH = os.O_PATH
+# Flags that make sense when *creating* a path but must not reach a re-open through /proc.
+_REOPEN_STRIP = os.O_CREAT | os.O_EXCL | os.O_NOCTTY | os.O_NOFOLLOW
+
+Observer = Callable[[str, int], None]
+
+try:  # trio >= 0.23 renamed the keyword; Debian 12 ships 0.22.
+    import inspect
+
+    _ABANDON = (
+        "abandon_on_cancel"
+        if "abandon_on_cancel" in inspect.signature(trio.to_thread.run_sync).parameters
+        else "cancellable"
+    )
+except (TypeError, ValueError):  # pragma: no cover - signature always available in CPython
+    _ABANDON = "cancellable"
+
+
+def proc_path(fd: int) -> bytes:
+    """The magic link that reopens whatever *fd* refers to."""
+    return b"/proc/self/fd/%d" % fd
+
+
+@dataclass(frozen=True)
+class Created:
+    """A newly created or looked-up object: an O_PATH fd for the inode table plus its stat."""
+
+    path_fd: int
+    st: os.stat_result
+
+
+def _lookup(dir_fd: int, name: bytes) -> Created:
+    fd = os.open(name, O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        return Created(fd, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _needs_chown(st: os.stat_result, uid: int, gid: int) -> tuple[int, int]:
+    return (uid if st.st_uid != uid else -1, gid if st.st_gid != gid else -1)
+
+
+def _own(
+    path_fd: int, st: os.stat_result, owner: tuple[int, int] | None, mode: int | None
+) -> os.stat_result:
+    """Give a new object to the calling user, keeping setgid-directory group inheritance.
+
+    chown clears set-user/group-ID bits on regular files, so the requested mode is restored.
+    """
+    if owner is None:
+        return st
+    uid, gid = owner
+    want_uid, want_gid = _needs_chown(st, uid, gid)
+    if want_uid == -1 and want_gid == -1:
+        return st
+    _libc.fchown_empty(path_fd, want_uid, want_gid)
+    if mode is not None and mode & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISLNK(st.st_mode):
+        os.chmod(proc_path(path_fd), stat.S_IMODE(mode))
+    return os.fstat(path_fd)
+
+
+def _owner_for(dir_fd: int, uid: int, gid: int) -> tuple[int, int]:
+    """New objects in a setgid directory inherit its group, as the kernel would do."""
+    parent = os.fstat(dir_fd)
+    if parent.st_mode & stat.S_ISGID:
+        return uid, parent.st_gid
+    return uid, gid
+
+
+def _create_file(
+    dir_fd: int, name: bytes, flags: int, mode: int, owner: tuple[int, int] | None
+) -> tuple[int, Created]:
+    if owner is not None:
+        owner = _owner_for(dir_fd, *owner)
+    fd = os.open(name, flags | os.O_CREAT | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        path_fd = os.open(proc_path(fd), O_PATH | os.O_CLOEXEC)
+        try:
+            st = _own(path_fd, os.fstat(fd), owner, mode)
+        except BaseException:
+            os.close(path_fd)
+            raise
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, Created(path_fd, st)
+
+
+def _make(
+    kind: str, dir_fd: int, name: bytes, mode: int, arg: Any, owner: tuple[int, int] | None
+) -> Created:
+    if owner is not None:
+        owner = _owner_for(dir_fd, *owner)
+    if kind == "mkdir":
+        os.mkdir(name, mode, dir_fd=dir_fd)
+    elif kind == "mknod":
+        os.mknod(name, mode, arg, dir_fd=dir_fd)
+    elif kind == "symlink":
+        os.symlink(arg, name, dir_fd=dir_fd)
+    else:  # pragma: no cover - programming error
+        raise ValueError(kind)
+    created = _lookup(dir_fd, name)
+    try:
+        st = _own(created.path_fd, created.st, owner, None if kind == "symlink" else mode)
+    except OSError as err:
+        if err.errno != errno.EPERM:
+            raise
+        st = created.st  # target refuses chown (e.g. NFS root_squash): keep what it made
+    return Created(created.path_fd, st)
+
+
+def _reopen(path_fd: int, flags: int) -> int:
+    return os.open(proc_path(path_fd), (flags & ~_REOPEN_STRIP) | os.O_CLOEXEC)
+
+
+def _setattr(
+    path_fd: int,
+    fd: int | None,
+    mode: int | None,
+    uid: int | None,
+    gid: int | None,
+    size: int | None,
+    atime_ns: int | None,
+    mtime_ns: int | None,
+) -> os.stat_result:
+    st = os.fstat(path_fd)
+    is_link = stat.S_ISLNK(st.st_mode)
+    if mode is not None and not is_link:
+        if fd is not None:
+            os.fchmod(fd, mode)
+        else:
+            os.chmod(proc_path(path_fd), mode)
+    if uid is not None or gid is not None:
+        _libc.fchown_empty(path_fd, -1 if uid is None else uid, -1 if gid is None else gid)
+    if size is not None:
+        if fd is not None:
+            os.ftruncate(fd, size)
+        else:
+            os.truncate(proc_path(path_fd), size)
+    if atime_ns is not None or mtime_ns is not None:
+        _libc.utimens_empty(path_fd, atime_ns, mtime_ns)
+    return os.fstat(path_fd)
+
+
+def _list_entries(
+    dir_fd: int, names: list[bytes] | None, start: int, count: int
+) -> tuple[list[bytes], list[tuple[int, bytes, Created]]]:
+    """Snapshot a directory's names (once) and look up ``count`` of them from ``start``.
+
+    Entries that vanished since the snapshot are skipped rather than failing the listing.
+    """
+    if names is None:
+        names = [b".", b"..", *(os.fsencode(n) for n in os.listdir(dir_fd))]
+    out: list[tuple[int, bytes, Created]] = []
+    index = start
+    while index < len(names) and len(out) < count:
+        name = names[index]
+        index += 1
+        try:
+            if name in (b".", b".."):
+                # Shown to readdir only; never registered (the kernel takes no reference).
+                out.append((index, name, Created(-1, os.stat(name, dir_fd=dir_fd))))
+            else:
+                out.append((index, name, _lookup(dir_fd, name)))
+        except FileNotFoundError:
+            continue
+    return names, out
+
+
+def _aligned_pwrite(fd: int, data: bytes, offset: int) -> int:
+    """O_DIRECT needs a page-aligned buffer; an anonymous mmap is one."""
+    if not data:
+        return 0
+    with mmap.mmap(-1, len(data)) as buf:
+        buf.write(data)
+        return os.pwritev(fd, [buf], offset)
+
+
+def _aligned_pread(fd: int, size: int, offset: int) -> bytes:
+    if size <= 0:
+        return b""
+    with mmap.mmap(-1, size) as buf:
+        n = os.preadv(fd, [buf], offset)
+        return buf[:n]
+
+
+def _flush(fd: int) -> None:
+    # close() of a duplicate is what NFS uses to write back and report errors on close(2),
+    # without giving up the descriptor the kernel will release later.
+    os.close(os.dup(fd))
+
+
+def _fsync_dir(path_fd: int, datasync: bool) -> None:
+    fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        (os.fdatasync if datasync else os.fsync)(fd)
+    finally:
+        os.close(fd)
+
+
+def _listxattr(path_fd: int) -> list[bytes]:
+    try:
+        return [os.fsencode(n) for n in os.listxattr(proc_path(path_fd))]
+    except OSError as err:
+        if err.errno in (errno.ENOTSUP, errno.EPERM) and stat.S_ISLNK(os.fstat(path_fd).st_mode):
+            return []
+        raise
+
+
+class Backend:
+    """Async facade over the target; every method runs its syscalls in a worker thread."""
+
+    def __init__(
+        self, threads: int = 32, sync_threads: int = 8, observer: Observer | None = None
+    ) -> None:
+        self.meta = trio.CapacityLimiter(threads)
+        self.data = trio.CapacityLimiter(threads)
+        self.sync = trio.CapacityLimiter(sync_threads)
+        self.observer = observer
+
+    async def _run(self, limiter: trio.CapacityLimiter, fn: Callable[..., T], *args: Any) -> T:
+        kwargs = {"limiter": limiter, _ABANDON: True}
+        return await trio.to_thread.run_sync(fn, *args, **kwargs)
+
+    def _seen(self, op: str, nbytes: int = 0) -> None:
+        if self.observer is not None:
+            self.observer(op, nbytes)
+
+    # --- namespace -------------------------------------------------------------------------
+    async def open_root(self, path: str) -> Created:
+        def run() -> Created:
+            fd = os.open(path, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            return Created(fd, os.fstat(fd))
+
+        return await self._run(self.meta, run)
+
+    async def lookup(self, dir_fd: int, name: bytes) -> Created:
+        result = await self._run(self.meta, _lookup, dir_fd, name)
+        self._seen("lookup")
+        return result
+
+    async def stat(self, path_fd: int) -> os.stat_result:
+        result = await self._run(self.meta, os.fstat, path_fd)
+        self._seen("getattr")
+        return result
+
+    async def setattr(
+        self,
+        path_fd: int,
+        fd: int | None,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        size: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> os.stat_result:
+        result = await self._run(
+            self.meta, _setattr, path_fd, fd, mode, uid, gid, size, atime_ns, mtime_ns
+        )
+        self._seen("setattr")
+        return result
+
+    async def readlink(self, path_fd: int) -> bytes:
+        result = await self._run(self.meta, _readlink, path_fd)
+        self._seen("readlink")
+        return result
+
+    async def make(
+        self,
+        kind: str,
+        dir_fd: int,
+        name: bytes,
+        mode: int,
+        arg: Any = None,
+        owner: tuple[int, int] | None = None,
+    ) -> Created:
+        result = await self._run(self.meta, _make, kind, dir_fd, name, mode, arg, owner)
+        self._seen(kind)
+        return result
+
+    async def unlink(self, dir_fd: int, name: bytes) -> os.stat_result:
+        """Remove *name*; returns what it was, so the caller knows if the last link went."""
+
+        def run() -> os.stat_result:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            os.unlink(name, dir_fd=dir_fd)
+            return st
+
+        result = await self._run(self.meta, run)
+        self._seen("unlink")
+        return result
+
+    async def rmdir(self, dir_fd: int, name: bytes) -> None:
+        await self._run(self.meta, lambda: os.rmdir(name, dir_fd=dir_fd))
+        self._seen("rmdir")
+
+    async def rename(self, old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int) -> None:
+        if flags:
+            await self._run(self.meta, _libc.renameat2, old_dir, old, new_dir, new, flags)
+        else:
+            await self._run(
+                self.meta, lambda: os.rename(old, new, src_dir_fd=old_dir, dst_dir_fd=new_dir)
+            )
+        self._seen("rename")
+
+    async def link(self, path_fd: int, new_dir: int, new: bytes) -> Created:
+        def run() -> Created:
+            os.link(proc_path(path_fd), new, dst_dir_fd=new_dir, follow_symlinks=True)
+            return _lookup(new_dir, new)
+
+        result = await self._run(self.meta, run)
+        self._seen("link")
+        return result
+
+    async def statfs(self, path_fd: int) -> os.statvfs_result:
+        result = await self._run(self.meta, os.statvfs, path_fd)
+        self._seen("statfs")
+        return result
+
+    # --- xattrs ----------------------------------------------------------------------------
+    async def getxattr(self, path_fd: int, name: bytes) -> bytes:
+        result = await self._run(self.meta, os.getxattr, proc_path(path_fd), name)
+        self._seen("getxattr")
+        return result
+
+    async def setxattr(self, path_fd: int, name: bytes, value: bytes) -> None:
+        await self._run(self.meta, os.setxattr, proc_path(path_fd), name, value)
+        self._seen("setxattr")
+
+    async def listxattr(self, path_fd: int) -> list[bytes]:
+        result = await self._run(self.meta, _listxattr, path_fd)
+        self._seen("listxattr")
+        return result
+
+    async def removexattr(self, path_fd: int, name: bytes) -> None:
+        await self._run(self.meta, os.removexattr, proc_path(path_fd), name)
+        self._seen("removexattr")
+
+    # --- files -----------------------------------------------------------------------------
+    async def open(self, path_fd: int, flags: int) -> int:
+        result = await self._run(self.data, _reopen, path_fd, flags)
+        self._seen("open")
+        return result
+
+    async def create(
+        self, dir_fd: int, name: bytes, flags: int, mode: int, owner: tuple[int, int] | None
+    ) -> tuple[int, Created]:
+        result = await self._run(self.meta, _create_file, dir_fd, name, flags, mode, owner)
+        self._seen("create")
+        return result
+
+    async def pread(self, fd: int, size: int, offset: int, direct: bool = False) -> bytes:
+        fn = _aligned_pread if direct else os.pread
+        result = await self._run(self.data, fn, fd, size, offset)
+        self._seen("read", len(result))
+        return result
+
+    async def pwrite(self, fd: int, data: bytes, offset: int, direct: bool = False) -> int:
+        fn = _aligned_pwrite if direct else os.pwrite
+        result = await self._run(self.data, fn, fd, data, offset)
+        self._seen("write", result)
+        return result
+
+    async def flush(self, fd: int) -> None:
+        await self._run(self.data, _flush, fd)
+
+    async def close(self, fd: int) -> None:
+        await self._run(self.data, os.close, fd)
+
+    async def fsync(self, fd: int, datasync: bool = False) -> None:
+        await self._run(self.sync, os.fdatasync if datasync else os.fsync, fd)
+        self._seen("fsync")
+
+    async def fsync_path(self, path_fd: int, datasync: bool = False) -> None:
+        """fsync a file we no longer hold open (released before its data was synced)."""
+
+        def run() -> None:
+            try:
+                fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_CLOEXEC)
+            except PermissionError:  # a write-only file and an unprivileged daemon
+                fd = os.open(proc_path(path_fd), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                (os.fdatasync if datasync else os.fsync)(fd)
+            finally:
+                os.close(fd)
+
+        await self._run(self.sync, run)
+        self._seen("fsync")
+
+    async def fallocate(self, fd: int, mode: int, offset: int, length: int) -> None:
+        await self._run(self.data, _libc.fallocate, fd, mode, offset, length)
+        self._seen("fallocate")
+
+    # --- directories -----------------------------------------------------------------------
+    async def opendir(self, path_fd: int) -> int:
+        return await self._run(
+            self.meta, os.open, proc_path(path_fd), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        )
+
+    async def list_entries(
+        self, dir_fd: int, names: list[bytes] | None, start: int, count: int
+    ) -> tuple[list[bytes], list[tuple[int, bytes, Created]]]:
+        result = await self._run(self.meta, _list_entries, dir_fd, names, start, count)
+        self._seen("readdir")
+        return result
+
+    async def fsyncdir(self, path_fd: int, datasync: bool) -> None:
+        await self._run(self.sync, _fsync_dir, path_fd, datasync)
+        self._seen("fsync")
+
+    async def close_dir(self, fd: int) -> None:
+        await self._run(self.meta, os.close, fd)
+
+
+def _readlink(path_fd: int) -> bytes:
+    return os.readlink(b"", dir_fd=path_fd)

@@ -1,0 +1,200 @@
+"""``fusethrottle SOURCE MOUNTPOINT [-o opt,...] [-f]`` and ``fusethrottle status MOUNTPOINT``.
+
+Follows the mount.fuse convention so ``mount -t fuse.fusethrottle`` and fstab work through
+fuse3's helper. Everything a user can get wrong is checked before anything is mounted and
+reported as one line on stderr with a non-zero exit; no traceback reaches the user.
+
+Without ``-f`` the process forks; the parent waits until the child's mount answers a stat and
+only then exits 0 (or prints the child's error and exits 1), so ``mount`` returns when the
+filesystem is usable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .mountinfo import find_mount
+from .options import Config, OptionError, parse_options, split_options
+
+USAGE = (
+    "usage: fusethrottle SOURCE MOUNTPOINT [-o opt[,opt...]] [-f]\n"
+    "       fusethrottle status MOUNTPOINT [--watch] [--interval SECONDS]\n"
+    "       fusethrottle --version"
+)
+
+
+class UsageError(Exception):
+    """Bad command line or environment; the message is the one line shown to the user."""
+
+
+def parse_args(argv: Sequence[str]) -> Config:
+    positional: list[str] = []
+    option_groups: list[str] = []
+    foreground = False
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-f", "--foreground"):
+            foreground = True
+        elif arg == "-o":
+            if i + 1 >= len(args):
+                raise UsageError("-o needs an option list")
+            i += 1
+            option_groups.append(args[i])
+        elif arg.startswith("-o") and len(arg) > 2:
+            option_groups.append(arg[2:])
+        elif arg in ("-n", "-s", "-v"):  # mount(8) helper flags: no mtab, sloppy, verbose
+            pass
+        elif arg.startswith("-") and arg != "-":
+            raise UsageError(f"unknown argument: {arg}")
+        else:
+            positional.append(arg)
+        i += 1
+    if len(positional) != 2:
+        raise UsageError("expected SOURCE and MOUNTPOINT")
+    source, mountpoint = (os.path.realpath(p) for p in positional)
+    try:
+        return parse_options(
+            split_options(option_groups),
+            source=source,
+            mountpoint=mountpoint,
+            foreground=foreground,
+        )
+    except OptionError as err:
+        raise UsageError(str(err)) from None
+
+
+def check_environment(config: Config) -> None:
+    """Refuse what would fail or hang later, before anything is mounted."""
+    if not os.path.exists(config.source):
+        raise UsageError(f"source {config.source} does not exist")
+    if not os.path.isdir(config.source):
+        raise UsageError(f"source {config.source} is not a directory")
+    try:
+        st = os.stat(config.mountpoint)
+    except FileNotFoundError:
+        raise UsageError(f"mountpoint {config.mountpoint} does not exist") from None
+    except OSError as err:
+        if err.errno == errno.ENOTCONN:
+            raise UsageError(
+                f"mountpoint {config.mountpoint} is a stale FUSE mount; "
+                f"clear it with: fusermount3 -u {config.mountpoint}"
+            ) from None
+        raise UsageError(f"mountpoint {config.mountpoint}: {err.strerror}") from None
+    import stat as stat_mod
+
+    if not stat_mod.S_ISDIR(st.st_mode):
+        raise UsageError(f"mountpoint {config.mountpoint} is not a directory")
+    existing = find_mount(config.mountpoint)
+    if existing is not None and existing.fstype.startswith("fuse"):
+        raise UsageError(
+            f"mountpoint {config.mountpoint} is busy: {existing.fstype} from {existing.source} "
+            "is mounted there"
+        )
+    src = os.path.realpath(config.source)
+    mnt = os.path.realpath(config.mountpoint)
+    if mnt == src or mnt.startswith(src.rstrip("/") + "/"):
+        raise UsageError("mountpoint must not be inside source (the mount would read itself)")
+    if not os.path.exists("/dev/fuse"):
+        raise UsageError("/dev/fuse is missing: load the fuse kernel module (modprobe fuse)")
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK) and os.geteuid() != 0:
+        raise UsageError("no permission to open /dev/fuse")
+    if config.allow_other and os.geteuid() != 0 and not _user_allow_other():
+        raise UsageError("allow_other needs root, or 'user_allow_other' in /etc/fuse.conf")
+
+
+def _user_allow_other() -> bool:
+    try:
+        with open("/etc/fuse.conf") as f:
+            return any(line.strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"fusethrottle: {message}", file=sys.stderr)
+    return code
+
+
+def run_mount(config: Config) -> int:
+    from .daemon import configure_logging, serve
+
+    if config.foreground:
+        configure_logging(config.log_level, foreground=True)
+        return serve(config)
+    return _daemonize(config)
+
+
+def _daemonize(config: Config) -> int:
+    """Fork; the parent reports the child's first words: OK, or why the mount failed."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write_end)
+        chunks = []
+        while chunk := os.read(read_end, 4096):
+            chunks.append(chunk)
+        os.close(read_end)
+        message = b"".join(chunks).decode(errors="replace").strip()
+        if message.endswith("READY"):
+            return 0
+        lines = [ln for ln in message.splitlines() if ln.strip() and ln.strip() != "READY"]
+        return _fail(lines[-1] if lines else "the mount process exited before the mount answered")
+    # child
+    os.close(read_end)
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.dup2(write_end, 2)  # libfuse's own complaints reach the parent until we are ready
+    from .daemon import configure_logging, serve
+
+    configure_logging(config.log_level, foreground=False)
+
+    def ready() -> None:
+        os.write(write_end, b"READY")
+        os.dup2(devnull, 2)
+        os.close(write_end)
+
+    code = 1
+    try:
+        code = serve(config, on_ready=ready)
+    except Exception as err:
+        with contextlib.suppress(OSError):
+            os.write(write_end, f"\n{err}\n".encode())
+    os._exit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        print(f"fusethrottle {__version__}")
+        return 0
+    if args[0] == "status":
+        from .status import main as status_main
+
+        return status_main(args[1:])
+    try:
+        config = parse_args(args)
+        check_environment(config)
+    except UsageError as err:
+        return _fail(str(err), 2)
+    try:
+        return run_mount(config)
+    except KeyboardInterrupt:
+        return 130
+    except RuntimeError as err:  # pyfuse3.init failures
+        return _fail(f"cannot mount {config.mountpoint}: {err}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

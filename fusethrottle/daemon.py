@@ -1,0 +1,299 @@
+"""Run one mount: build the parts, serve FUSE, and shut down without losing a byte.
+
+One nursery owns every background task (flusher, signal handling, the unmount watcher, metrics,
+the watchdog). Shutdown, whichever way it starts (``fusermount3 -u``/``umount``, SIGTERM,
+SIGINT), runs in one order:
+
+1. stop taking requests; let in-flight handlers finish (bounded: a handler stuck on a hung
+   target is abandoned after a grace period, so a dead server can never block unmount);
+2. fsync every file that holds data written since its last fsync (bounded by
+   ``unmount_timeout``; what could not be synced is logged by inode and the exit code says so);
+3. unmount, if the kernel has not already done it.
+"""
+
+from __future__ import annotations
+
+import errno
+import faulthandler
+import logging
+import os
+import resource
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyfuse3
+import trio
+
+from . import sdnotify
+from .admission import WindowGate
+from .backend import Backend
+from .controller import make_controller
+from .flusher import Flusher
+from .inodes import InodeTable
+from .ledger import Ledger
+from .mountinfo import find_mount
+from .ops import Operations
+from .options import Config
+
+log = logging.getLogger(__name__)
+
+HANDLER_GRACE = 10.0
+
+
+@dataclass
+class Mount:
+    """Every collaborator of one mount, built from a Config (no I/O but opening the root)."""
+
+    config: Config
+    backend: Backend
+    inodes: InodeTable
+    ledger: Ledger
+    gate: WindowGate
+    flusher: Flusher
+    ops: Operations
+    controller: object
+    events: object
+
+
+def build(
+    config: Config, events: object | None = None, observer: Callable[[str, int], None] | None = None
+) -> Mount:
+    """Assemble a mount's parts; the root of SOURCE is opened here (it must exist)."""
+    from .events import NullEvents
+
+    events = events or NullEvents()
+    backend = Backend(config.threads, observer=observer)
+    root_fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    inodes = InodeTable(root_fd, os.fstat(root_fd))
+    ledger = Ledger()
+    controller = make_controller(config)
+    enforce = config.mode != "off"
+    flusher_ref: list[Flusher] = []
+    gate = WindowGate(
+        ledger,
+        lambda: controller.window,
+        enabled=enforce,
+        timeout=config.admission_timeout,
+        on_pressure=lambda: flusher_ref[0].poke() if flusher_ref else None,
+    )
+    flusher = Flusher(
+        ledger,
+        gate,
+        backend,
+        inodes,
+        controller,
+        batch=config.batch,
+        max_age=config.max_age,
+        inject=enforce,
+        on_fsync=events.fsync,  # type: ignore[attr-defined]
+    )
+    flusher_ref.append(flusher)
+    ops = Operations(
+        backend=backend,
+        inodes=inodes,
+        ledger=ledger,
+        gate=gate,
+        flusher=flusher,
+        attr_timeout=config.attr_timeout,
+        batch=config.batch,
+        writeback_cache=config.writeback_cache,
+        events=events,  # type: ignore[arg-type]
+    )
+    return Mount(config, backend, inodes, ledger, gate, flusher, ops, controller, events)
+
+
+def fuse_options(config: Config) -> set[str]:
+    options = {
+        "default_permissions",
+        f"fsname={config.fsname or config.source}",
+        "subtype=fusethrottle",
+    }
+    if config.allow_other:
+        options.add("allow_other")
+    if config.read_only:
+        options.add("ro")
+    options.update(config.kernel_options)
+    return options
+
+
+def raise_fd_limit() -> None:
+    """Each inode the kernel remembers holds one O_PATH descriptor: allow many."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if os.geteuid() == 0:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                target = max(hard, int(f.read()))
+        except OSError:
+            pass
+    for limit in (target, hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, max(limit, hard)))
+            return
+        except (ValueError, OSError):
+            continue
+
+
+class Daemon:
+    """Serves one Mount until it is unmounted or told to stop."""
+
+    def __init__(self, mount: Mount, on_ready: Callable[[], None] | None = None) -> None:
+        self.mount = mount
+        self.on_ready = on_ready
+        self.unmounted_by_kernel = False
+        self.stopping: trio.Event | None = None  # created inside trio.run
+        self.extra_tasks: list[Callable[..., object]] = []
+        self.exit_code = 0
+        self._mount_id: str | None = None
+
+    async def run(self) -> int:
+        config = self.mount.config
+        self.stopping = trio.Event()
+        pyfuse3.init(self.mount.ops, config.mountpoint, fuse_options(config))
+        mounted = True
+        try:
+            info = find_mount(config.mountpoint, fstype="fuse.fusethrottle")
+            self._mount_id = info.device if info else None
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.mount.flusher.run)
+                nursery.start_soon(self._signals)
+                nursery.start_soon(self._announce_ready, config.mountpoint)
+                nursery.start_soon(self._watch_unmount)
+                if sdnotify.watchdog_interval():
+                    nursery.start_soon(sdnotify.watchdog_task)
+                for extra in self.extra_tasks:
+                    await nursery.start(extra)
+                with trio.CancelScope() as self._serve_scope:
+                    await pyfuse3.main(max_tasks=128)
+                sdnotify.notify("STOPPING=1")
+                await self._flush_everything()
+                nursery.cancel_scope.cancel()
+        finally:
+            if not self.unmounted_by_kernel:
+                self.unmounted_by_kernel = (
+                    find_mount(config.mountpoint, device=self._mount_id) is None
+                )
+            try:
+                pyfuse3.close(unmount=mounted and not self.unmounted_by_kernel)
+            except Exception:
+                log.exception("cleaning up the FUSE session failed")
+            self.mount.inodes.close_all()
+        return self.exit_code
+
+    async def _announce_ready(self, mountpoint: str) -> None:
+        """Ready means the mount answers: a stat through it came back."""
+        try:
+            await trio.to_thread.run_sync(os.stat, mountpoint)
+        except OSError as err:
+            log.error("mount at %s does not answer: %s", mountpoint, err.strerror)
+            return
+        log.info(
+            "mounted %s on %s (mode=%s, batch=%d, window=%d)",
+            self.mount.config.source,
+            mountpoint,
+            self.mount.config.mode,
+            self.mount.config.batch,
+            self.mount.config.window,
+        )
+        sdnotify.notify("READY=1")
+        if self.on_ready is not None:
+            self.on_ready()
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    continue
+                log.info("%s: flushing and unmounting", signal.Signals(signum).name)
+                self.request_stop()
+
+    def request_stop(self) -> None:
+        if self.stopping is not None and not self.stopping.is_set():
+            self.stopping.set()
+            pyfuse3.terminate()
+
+    async def _watch_unmount(self) -> None:
+        """Notice an unmount (or a stop request) and bound how long stuck handlers may take."""
+        while True:
+            with trio.move_on_after(1.0):
+                await self.stopping.wait()
+            if self.stopping.is_set():
+                break
+            gone = await trio.to_thread.run_sync(
+                lambda: find_mount(self.mount.config.mountpoint, device=self._mount_id) is None
+            )
+            if gone:
+                self.unmounted_by_kernel = True
+                log.info("%s was unmounted", self.mount.config.mountpoint)
+                break
+        await trio.sleep(HANDLER_GRACE)
+        log.warning(
+            "requests still stuck on the target after %.0fs; abandoning them", HANDLER_GRACE
+        )
+        self._serve_scope.cancel()
+
+    async def _flush_everything(self) -> None:
+        timeout = self.mount.config.unmount_timeout
+        with trio.move_on_after(timeout) as scope:
+            failed = await self.mount.flusher.flush_all("unmount")
+        if scope.cancelled_caught:
+            failed = [n for n, s in self.mount.ledger.files.items() if s.unsynced > 0]
+        if failed:
+            log.error(
+                "%d file(s) could not be synced before exit (inodes %s): %s",
+                len(failed),
+                ", ".join(map(str, failed[:20])),
+                "target did not answer in time" if scope.cancelled_caught else "fsync failed",
+            )
+            self.exit_code = 1
+        else:
+            snap = self.mount.ledger.snapshot(trio.current_time())
+            log.info("all data synced (%d bytes written through this mount)", snap.written_total)
+
+
+def configure_logging(level: str, foreground: bool) -> None:
+    root = logging.getLogger()
+    root.setLevel(getattr(logging, level.upper()))
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    if foreground or os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+        if os.environ.get("JOURNAL_STREAM"):
+            handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        else:
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+            )
+    elif os.path.exists("/dev/log"):
+        from logging.handlers import SysLogHandler
+
+        handler = SysLogHandler(address="/dev/log")
+        handler.setFormatter(
+            logging.Formatter("fusethrottle[%(process)d]: %(levelname)s %(message)s")
+        )
+    else:
+        handler = logging.NullHandler()
+    root.addHandler(handler)
+
+
+def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
+    """Mount and serve until unmounted; returns the process exit code."""
+    os.umask(0)  # the kernel already applied the caller's umask to every mode we receive
+    raise_fd_limit()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    from .metrics import attach_metrics
+
+    events, observer, extra = attach_metrics(config)
+    mount = build(config, events, observer)
+    daemon = Daemon(mount, on_ready)
+    daemon.extra_tasks = extra(mount)
+    try:
+        return trio.run(daemon.run)
+    except OSError as err:
+        log.error("fusethrottle: %s", err)
+        return 1
+
+
+__all__ = ["Daemon", "Mount", "build", "configure_logging", "errno", "serve"]

@@ -1,0 +1,195 @@
+"""The flusher: background fsyncs that keep the un-synced window moving.
+
+It fsyncs (fdatasync) a file when its dirty bytes reach ``batch``, when its oldest dirty byte is
+``max_age`` old, when it is released with dirty data, and the largest file when writers are
+waiting at the gate. One fsync per file at a time; many files in parallel, bounded by the
+backend's ``sync`` thread pool. Writing continues while earlier batches sync, which is what makes
+the throttle nearly free when the target keeps up.
+
+Every completed fsync is timed and fed to the controller, which may move the window, and then
+the gate is woken. A failed fsync is logged once per file (rate-limited), counted, and its bytes
+stay un-synced; the ledger keeps the errno for the application (see ledger.py).
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from .admission import WindowGate
+from .backend import Backend
+from .inodes import InodeTable
+from .ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+FsyncObserver = Callable[[str, float, int, "int | None"], None]
+
+
+class Controller:  # structural type; see controller.py
+    window: int
+
+    def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int: ...
+    def on_error(self, now: float, errno: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class FlusherStatistics:
+    in_flight: int
+    fsyncs_total: int
+    fsync_errors_total: int
+    last_fsync_seconds: float
+
+
+class Flusher:
+    """Starts injected fsyncs as the ledger makes them due."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        gate: WindowGate,
+        backend: Backend,
+        inodes: InodeTable,
+        controller: Controller,
+        *,
+        batch: int,
+        max_age: float,
+        inject: bool = True,
+        on_fsync: FsyncObserver | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.gate = gate
+        self.backend = backend
+        self.inodes = inodes
+        self.controller = controller
+        self.batch = batch
+        self.max_age = max_age
+        self.inject = inject
+        self.on_fsync = on_fsync
+        self._wakeup = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._syncing: set[int] = set()
+        self._idle = trio.Event()
+        self._idle.set()
+        self.fsyncs_total = 0
+        self.fsync_errors_total = 0
+        self.last_fsync_seconds = 0.0
+        self._logged_errors: dict[int, float] = {}
+
+    def poke(self) -> None:
+        """Something changed (a write landed, a file closed, writers queued): look again."""
+        self._wakeup.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled; in-flight fsyncs are children of this task."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                if self.inject:
+                    self._start_due(trio.current_time())
+                deadline = self.ledger.next_deadline(self.max_age) if self.inject else None
+                with trio.move_on_at(deadline if deadline is not None else math.inf):
+                    await self._wakeup.wait()
+                self._wakeup = trio.Event()
+
+    def _start_due(self, now: float) -> None:
+        due = self.ledger.due(
+            now,
+            batch=self.batch,
+            window=self.controller.window,
+            max_age=self.max_age,
+            pressure=self.gate.waiting > 0,
+        )
+        for nodeid, reason in due:
+            self.start(nodeid, reason)
+
+    def start(self, nodeid: int, reason: str) -> None:
+        """Begin an fsync of *nodeid* in the background unless one is already running."""
+        if nodeid in self._syncing or self._nursery is None:
+            return
+        inode = self.inodes.get(nodeid)
+        if inode is None:
+            self.ledger.discard(nodeid)
+            return
+        ticket = self.ledger.begin_sync(nodeid)
+        self._syncing.add(nodeid)
+        if self._idle.is_set():
+            self._idle = trio.Event()
+        self._nursery.start_soon(self._sync, inode.path_fd, ticket, reason)
+
+    async def _sync(self, path_fd: int, ticket, reason: str) -> None:
+        start = trio.current_time()
+        error: int | None = None
+        try:
+            await self.backend.fsync_path(path_fd, datasync=True)
+        except OSError as err:
+            error = err.errno or errno_mod.EIO
+        finally:
+            now = trio.current_time()
+            seconds = now - start
+            self._syncing.discard(ticket.nodeid)
+            if not self._syncing:
+                self._idle.set()
+        self.ledger.end_sync(ticket, error, now)
+        self.fsyncs_total += 1
+        self.last_fsync_seconds = seconds
+        if error is None:
+            self.controller.on_sample(now, ticket.nbytes, seconds, self.ledger.unsynced)
+        else:
+            self.fsync_errors_total += 1
+            self.controller.on_error(now, error)
+            self._log_error(ticket.nodeid, reason, error, now)
+        if self.on_fsync is not None:
+            self.on_fsync(reason, seconds, ticket.nbytes, error)
+        self._maybe_drop(ticket.nodeid)
+        self.gate.wake()
+        self.poke()
+
+    def _log_error(self, nodeid: int, reason: str, error: int, now: float) -> None:
+        last = self._logged_errors.get(nodeid)
+        if last is not None and now - last < 60.0:
+            return
+        self._logged_errors[nodeid] = now
+        log.error(
+            "injected fsync (%s) of inode %d failed: %s; data kept as un-synced, "
+            "the error goes to the application's next write, fsync or close",
+            reason,
+            nodeid,
+            os.strerror(error),
+        )
+
+    def _maybe_drop(self, nodeid: int) -> None:
+        """Close the descriptor of a file the kernel forgot once its data is durable."""
+        inode = self.inodes.get(nodeid)
+        state = self.ledger.file(nodeid)
+        if inode is not None and inode.lookups <= 0 and (state is None or state.unsynced == 0):
+            self.inodes.drop(inode)
+
+    async def flush_all(self, reason: str = "unmount") -> list[int]:
+        """fsync every file with un-synced data and wait; returns node ids that failed."""
+        failed: list[int] = []
+        for _ in range(3):
+            await self._idle.wait()
+            dirty = self.ledger.all_dirty()
+            if not dirty:
+                break
+            for nodeid in dirty:
+                state = self.ledger.file(nodeid)
+                if state is not None:
+                    state.retry_after = 0.0
+                self.start(nodeid, reason)
+            await self._idle.wait()
+        failed = [n for n, s in self.ledger.files.items() if s.unsynced > 0]
+        return failed
+
+    def statistics(self) -> FlusherStatistics:
+        return FlusherStatistics(
+            len(self._syncing), self.fsyncs_total, self.fsync_errors_total, self.last_fsync_seconds
+        )

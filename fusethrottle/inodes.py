@@ -1,0 +1,135 @@
+"""The inode table: FUSE node ids <-> backing objects, with the kernel's lookup counts.
+
+Each known inode holds an O_PATH descriptor of the backing object. Holding the object rather than
+its path makes renames, hard links and deep trees free of bookkeeping: whatever happens to the
+names, the descriptor still refers to the same file, and a held inode number cannot be reused by
+the target while we hold it.
+
+Node ids are the backing ``st_ino`` where that is unambiguous (same device as the root, not 1,
+not taken), so ``stat`` through the mount shows what the target shows and hard links keep equal
+inode numbers; anything else gets a number from a private range.
+
+Concurrency: all methods are synchronous and called from the trio event loop only, so each call
+is atomic with respect to other handlers. No method does I/O except ``os.close`` of O_PATH
+descriptors, which never touches the target's data path.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass, field
+
+import pyfuse3
+
+ROOT = pyfuse3.ROOT_INODE
+_PRIVATE_BASE = 1 << 62
+
+
+@dataclass(eq=False)
+class Inode:
+    nodeid: int
+    path_fd: int
+    key: tuple[int, int]
+    mode: int
+    lookups: int = 0
+    # Negative cache of the security.capability xattr the kernel probes on every write().
+    no_capability_until: float = 0.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+
+class InodeTable:
+    """Maps node ids to :class:`Inode` and counts the kernel's references to each."""
+
+    def __init__(self, root_fd: int, root_st: os.stat_result) -> None:
+        self._by_id: dict[int, Inode] = {}
+        self._by_key: dict[tuple[int, int], Inode] = {}
+        self._next_private = _PRIVATE_BASE
+        self.root_dev = root_st.st_dev
+        root = Inode(ROOT, root_fd, (root_st.st_dev, root_st.st_ino), root_st.st_mode, 1 << 62)
+        self._by_id[ROOT] = root
+        self._by_key[root.key] = root
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __getitem__(self, nodeid: int) -> Inode:
+        try:
+            return self._by_id[nodeid]
+        except KeyError:
+            raise pyfuse3.FUSEError(errno.ESTALE) from None
+
+    def get(self, nodeid: int) -> Inode | None:
+        return self._by_id.get(nodeid)
+
+    def find(self, st: os.stat_result) -> Inode | None:
+        """The registered inode of this backing object, if the kernel knows it."""
+        return self._by_key.get((st.st_dev, st.st_ino))
+
+    def nodeid_for(self, st: os.stat_result) -> int:
+        """The node id this backing object has, or would get if registered now."""
+        known = self._by_key.get((st.st_dev, st.st_ino))
+        if known is not None:
+            return known.nodeid
+        if (
+            st.st_dev == self.root_dev
+            and 1 < st.st_ino < _PRIVATE_BASE
+            and (st.st_ino not in self._by_id)
+        ):
+            return st.st_ino
+        while self._next_private in self._by_id:
+            self._next_private += 1
+        return self._next_private
+
+    def register(self, path_fd: int, st: os.stat_result) -> Inode:
+        """Count one kernel reference to the object *path_fd* refers to.
+
+        Takes ownership of *path_fd*: if the object is already known, the new descriptor is
+        closed and the existing inode is returned.
+        """
+        key = (st.st_dev, st.st_ino)
+        known = self._by_key.get(key)
+        if known is not None:
+            os.close(path_fd)
+            known.lookups += 1
+            known.mode = st.st_mode
+            return known
+        inode = Inode(self.nodeid_for(st), path_fd, key, st.st_mode, 1)
+        self._by_id[inode.nodeid] = inode
+        self._by_key[key] = inode
+        return inode
+
+    def forget(self, nodeid: int, count: int) -> Inode | None:
+        """Drop *count* kernel references; returns the inode if it is now unreferenced.
+
+        The caller decides when to :meth:`drop` it (the ledger may still need its descriptor
+        to fsync data written before the kernel forgot the file).
+        """
+        inode = self._by_id.get(nodeid)
+        if inode is None or nodeid == ROOT:
+            return None
+        inode.lookups -= count
+        if inode.lookups > 0:
+            return None
+        return inode
+
+    def drop(self, inode: Inode) -> None:
+        """Forget an unreferenced inode and close its descriptor."""
+        if inode.lookups > 0 or inode.nodeid == ROOT:
+            return
+        if self._by_id.get(inode.nodeid) is inode:
+            del self._by_id[inode.nodeid]
+        if self._by_key.get(inode.key) is inode:
+            del self._by_key[inode.key]
+        os.close(inode.path_fd)
+
+    def close_all(self) -> None:
+        for inode in list(self._by_id.values()):
+            if inode.nodeid != ROOT:
+                os.close(inode.path_fd)
+        self._by_id = {ROOT: self._by_id[ROOT]}

@@ -1,0 +1,512 @@
+"""The pyfuse3 Operations adapter: FUSE requests in, backend calls and ledger updates out.
+
+Thin by design. Each handler resolves node ids and handles, calls the backend (which does the
+I/O in worker threads), updates the ledger and replies. Errors are mapped in one place
+(:func:`_replies`): an OSError from the target becomes a FUSEError with the same errno; anything
+unexpected is logged once with context and becomes EIO, because pyfuse3 ends its main loop on
+any exception that is not a FUSEError and would leave a hung mount behind.
+
+Concurrency: handlers run as trio tasks; code between two awaits is atomic, which is what keeps
+the inode table and the ledger consistent without locks.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pyfuse3
+import trio
+
+from .admission import WindowGate
+from .backend import Backend, Created
+from .events import Events, NullEvents
+from .flusher import Flusher
+from .inodes import Inode, InodeTable
+from .ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+# The kernel asks for this on every write() to decide whether to drop privileges.
+_CAPABILITY = b"security.capability"
+_CAPABILITY_TTL = 60.0
+_ERRNO_LOG_INTERVAL = 10.0
+
+
+@dataclass(eq=False)
+class FileHandle:
+    fd: int
+    inode: Inode
+    flags: int
+    direct: bool
+
+
+@dataclass(eq=False)
+class DirHandle:
+    fd: int
+    inode: Inode
+    names: list[bytes] | None = None
+
+
+class _ErrorLog:
+    """Logs each (operation, errno) of the target at most once per interval."""
+
+    _QUIET = frozenset(
+        {
+            errno.ENOENT,
+            errno.EEXIST,
+            errno.ENOTEMPTY,
+            errno.ENODATA,
+            errno.EACCES,
+            errno.EPERM,
+            errno.ENOTDIR,
+            errno.EISDIR,
+            errno.EINVAL,
+            errno.ERANGE,
+            errno.EXDEV,
+            errno.ENOTSUP,
+            errno.ENAMETOOLONG,
+            errno.ELOOP,
+            errno.ESTALE,
+            errno.EMLINK,
+            errno.EBADF,
+        }
+    )
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, int], float] = {}
+
+    def report(self, op: str, err: int, detail: str) -> None:
+        if err in self._QUIET:
+            return
+        now = time.monotonic()
+        key = (op, err)
+        if now - self._last.get(key, -1e9) < _ERRNO_LOG_INTERVAL:
+            return
+        self._last[key] = now
+        log.warning("target error in %s (%s): %s", op, detail, os.strerror(err))
+
+
+def _replies(fn: F) -> F:
+    """Every handler ends in a reply or a FUSEError, whatever happens inside it."""
+    op = fn.__name__
+
+    @functools.wraps(fn)
+    async def handler(self: Operations, *args: Any) -> Any:
+        self.events.operation(op)
+        try:
+            return await fn(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as err:
+            code = err.errno or errno.EIO
+            self.events.target_error(op, code)
+            self._errors.report(op, code, _describe(args))
+            raise pyfuse3.FUSEError(code) from None
+        except trio.Cancelled:
+            raise
+        except Exception:
+            log.exception("internal error in %s%s; answered EIO", op, _describe(args))
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return handler  # type: ignore[return-value]
+
+
+def _describe(args: tuple[Any, ...]) -> str:
+    shown = [repr(a) for a in args if isinstance(a, int | bytes) and not isinstance(a, bool)]
+    return "(" + ", ".join(shown[:3]) + ")"
+
+
+class Operations(pyfuse3.Operations):
+    """Passthrough of every operation to the backing directory, with write admission."""
+
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        inodes: InodeTable,
+        ledger: Ledger,
+        gate: WindowGate,
+        flusher: Flusher,
+        attr_timeout: float = 1.0,
+        batch: int = 64 << 20,
+        writeback_cache: bool = False,
+        events: Events | None = None,
+    ) -> None:
+        super().__init__()
+        self.backend = backend
+        self.inodes = inodes
+        self.ledger = ledger
+        self.gate = gate
+        self.flusher = flusher
+        self.attr_timeout = attr_timeout
+        self.batch = batch
+        self.enable_writeback_cache = writeback_cache
+        self.events = events or NullEvents()
+        self.files: dict[int, FileHandle] = {}
+        self.dirs: dict[int, DirHandle] = {}
+        self._next_fh = 1
+        self._errors = _ErrorLog()
+        self._uid = os.geteuid()
+        self._gid = os.getegid()
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _attr(self, nodeid: int, st: os.stat_result) -> pyfuse3.EntryAttributes:
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = nodeid
+        attr.generation = 0
+        attr.entry_timeout = self.attr_timeout
+        attr.attr_timeout = self.attr_timeout
+        attr.st_mode = st.st_mode
+        attr.st_nlink = st.st_nlink
+        attr.st_uid = st.st_uid
+        attr.st_gid = st.st_gid
+        attr.st_rdev = st.st_rdev
+        attr.st_size = st.st_size
+        attr.st_blksize = st.st_blksize
+        attr.st_blocks = st.st_blocks
+        attr.st_atime_ns = st.st_atime_ns
+        attr.st_mtime_ns = st.st_mtime_ns
+        attr.st_ctime_ns = st.st_ctime_ns
+        return attr
+
+    def _entry(self, created: Created) -> pyfuse3.EntryAttributes:
+        inode = self.inodes.register(created.path_fd, created.st)
+        return self._attr(inode.nodeid, created.st)
+
+    def _owner(self, ctx: pyfuse3.RequestContext) -> tuple[int, int] | None:
+        """Who a new object must belong to; None when that is us already."""
+        if ctx.uid == self._uid and ctx.gid == self._gid:
+            return None
+        return ctx.uid, ctx.gid
+
+    def _new_fh(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    def _handle(self, fh: int) -> FileHandle:
+        try:
+            return self.files[fh]
+        except KeyError:
+            raise pyfuse3.FUSEError(errno.EBADF) from None
+
+    def _raise_pending(self, nodeid: int) -> None:
+        error = self.ledger.take_error(nodeid)
+        if error is not None:
+            raise pyfuse3.FUSEError(error)
+
+    def _open_flags(self, flags: int) -> int:
+        if self.enable_writeback_cache:
+            # The kernel then reads pages to fill partial writes and positions appends itself.
+            if flags & os.O_ACCMODE == os.O_WRONLY:
+                flags = (flags & ~os.O_ACCMODE) | os.O_RDWR
+            flags &= ~os.O_APPEND
+        return flags
+
+    # --- namespace -------------------------------------------------------------------------
+    @_replies
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
+        parent = self.inodes[parent_inode]
+        return self._entry(await self.backend.lookup(parent.path_fd, name))
+
+    async def forget(self, inode_list: Any) -> None:
+        for nodeid, count in inode_list:
+            inode = self.inodes.forget(nodeid, count)
+            if inode is None:
+                continue
+            state = self.ledger.file(nodeid)
+            if state is None or state.unsynced == 0:
+                self.inodes.drop(inode)
+            # else: the flusher drops it once its data is durable.
+
+    @_replies
+    async def getattr(self, inode: int, ctx: Any = None) -> Any:
+        node = self.inodes[inode]
+        return self._attr(inode, await self.backend.stat(node.path_fd))
+
+    @_replies
+    async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
+        node = self.inodes[inode]
+        handle = self.files.get(fh) if fh is not None else None
+        size = attr.st_size if fields.update_size else None
+        st = await self.backend.setattr(
+            node.path_fd,
+            handle.fd if handle is not None else None,
+            mode=stat.S_IMODE(attr.st_mode) if fields.update_mode else None,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None,
+            size=size,
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+        )
+        if size == 0:
+            self.ledger.discard(inode)
+            self.gate.wake()
+        return self._attr(inode, st)
+
+    @_replies
+    async def readlink(self, inode: int, ctx: Any = None) -> bytes:
+        return await self.backend.readlink(self.inodes[inode].path_fd)
+
+    @_replies
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
+        parent = self.inodes[parent_inode]
+        created = await self.backend.make(
+            "mknod", parent.path_fd, name, mode, rdev, self._owner(ctx)
+        )
+        return self._entry(created)
+
+    @_replies
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
+        parent = self.inodes[parent_inode]
+        created = await self.backend.make(
+            "mkdir", parent.path_fd, name, mode, None, self._owner(ctx)
+        )
+        return self._entry(created)
+
+    @_replies
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
+        parent = self.inodes[parent_inode]
+        created = await self.backend.make(
+            "symlink", parent.path_fd, name, 0o777, target, self._owner(ctx)
+        )
+        return self._entry(created)
+
+    @_replies
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        parent = self.inodes[parent_inode]
+        st = await self.backend.unlink(parent.path_fd, name)
+        node = self.inodes.find(st)
+        if node is not None and st.st_nlink <= 1:
+            # The last name went: its data needs no fsync any more.
+            self.ledger.discard(node.nodeid)
+            self.gate.wake()
+
+    @_replies
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await self.backend.rmdir(self.inodes[parent_inode].path_fd, name)
+
+    @_replies
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: Any,
+    ) -> None:
+        old = self.inodes[parent_inode_old]
+        new = self.inodes[parent_inode_new]
+        await self.backend.rename(old.path_fd, name_old, new.path_fd, name_new, flags)
+
+    @_replies
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
+        node = self.inodes[inode]
+        parent = self.inodes[new_parent_inode]
+        return self._entry(await self.backend.link(node.path_fd, parent.path_fd, new_name))
+
+    @_replies
+    async def statfs(self, ctx: Any = None) -> Any:
+        vfs = await self.backend.statfs(self.inodes[pyfuse3.ROOT_INODE].path_fd)
+        out = pyfuse3.StatvfsData()
+        out.f_bsize = vfs.f_bsize
+        out.f_frsize = vfs.f_frsize
+        out.f_blocks = vfs.f_blocks
+        out.f_bfree = vfs.f_bfree
+        out.f_bavail = vfs.f_bavail
+        out.f_files = vfs.f_files
+        out.f_ffree = vfs.f_ffree
+        out.f_favail = vfs.f_favail
+        out.f_namemax = vfs.f_namemax
+        return out
+
+    # --- xattrs ----------------------------------------------------------------------------
+    @_replies
+    async def getxattr(self, inode: int, name: bytes, ctx: Any = None) -> bytes:
+        node = self.inodes[inode]
+        if name == _CAPABILITY and node.no_capability_until > trio.current_time():
+            raise pyfuse3.FUSEError(errno.ENODATA)
+        try:
+            return await self.backend.getxattr(node.path_fd, name)
+        except OSError as err:
+            if name == _CAPABILITY and err.errno in (errno.ENODATA, errno.ENOTSUP):
+                node.no_capability_until = trio.current_time() + _CAPABILITY_TTL
+            raise
+
+    @_replies
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any = None) -> None:
+        node = self.inodes[inode]
+        node.no_capability_until = 0.0
+        await self.backend.setxattr(node.path_fd, name, value)
+
+    @_replies
+    async def listxattr(self, inode: int, ctx: Any = None) -> Any:
+        return await self.backend.listxattr(self.inodes[inode].path_fd)
+
+    @_replies
+    async def removexattr(self, inode: int, name: bytes, ctx: Any = None) -> None:
+        node = self.inodes[inode]
+        node.no_capability_until = 0.0
+        await self.backend.removexattr(node.path_fd, name)
+
+    # --- files -----------------------------------------------------------------------------
+    def _file_info(self, fd: int, inode: Inode, flags: int) -> pyfuse3.FileInfo:
+        fh = self._new_fh()
+        self.files[fh] = FileHandle(fd, inode, flags, bool(flags & os.O_DIRECT))
+        return pyfuse3.FileInfo(fh=fh)
+
+    @_replies
+    async def open(self, inode: int, flags: int, ctx: Any = None) -> Any:
+        node = self.inodes[inode]
+        flags = self._open_flags(flags)
+        fd = await self.backend.open(node.path_fd, flags)
+        if flags & os.O_TRUNC:
+            self.ledger.discard(inode)
+        return self._file_info(fd, node, flags)
+
+    @_replies
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
+        parent = self.inodes[parent_inode]
+        flags = self._open_flags(flags)
+        fd, created = await self.backend.create(parent.path_fd, name, flags, mode, self._owner(ctx))
+        attr = self._entry(created)
+        return self._file_info(fd, self.inodes[attr.st_ino], flags), attr
+
+    @_replies
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self._handle(fh)
+        data = await self.backend.pread(handle.fd, size, off, handle.direct)
+        self.events.bytes_read(len(data))
+        return data
+
+    @_replies
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self._handle(fh)
+        nodeid = handle.inode.nodeid
+        self._raise_pending(nodeid)
+        size = len(buf)
+        waited = await self.gate.admit(size)
+        if waited:
+            self.events.admission_wait(waited)
+        try:
+            written = await self.backend.pwrite(handle.fd, buf, off, handle.direct)
+        except BaseException:
+            self.ledger.unreserve(size)
+            self.gate.wake()
+            raise
+        self.ledger.written(nodeid, size, written, trio.current_time())
+        self.events.bytes_written(written)
+        state = self.ledger.file(nodeid)
+        if state is not None and state.dirty >= self.batch:
+            self.flusher.poke()
+        if written != size:
+            self.gate.wake()
+        return written
+
+    @_replies
+    async def flush(self, fh: int) -> None:
+        handle = self._handle(fh)
+        self._raise_pending(handle.inode.nodeid)
+        await self.backend.flush(handle.fd)
+
+    @_replies
+    async def release(self, fh: int) -> None:
+        handle = self.files.pop(fh, None)
+        if handle is None:
+            return
+        await self.backend.close(handle.fd)
+        nodeid = handle.inode.nodeid
+        if self.ledger.released(nodeid) and self.flusher.inject:
+            self.flusher.start(nodeid, "release")
+
+    @_replies
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self._handle(fh)
+        nodeid = handle.inode.nodeid
+        ticket = self.ledger.begin_sync(nodeid)
+        start = trio.current_time()
+        try:
+            await self.backend.fsync(handle.fd, bool(datasync))
+        except OSError as err:
+            self.ledger.end_sync(ticket, err.errno, trio.current_time(), reported=True)
+            self.events.fsync("application", trio.current_time() - start, ticket.nbytes, err.errno)
+            self.gate.wake()
+            raise
+        self.ledger.end_sync(ticket, None, trio.current_time())
+        self.events.fsync("application", trio.current_time() - start, ticket.nbytes, None)
+        self.gate.wake()
+        self._raise_pending(nodeid)
+
+    # --- directories -----------------------------------------------------------------------
+    @_replies
+    async def opendir(self, inode: int, ctx: Any = None) -> int:
+        node = self.inodes[inode]
+        fd = await self.backend.opendir(node.path_fd)
+        fh = self._new_fh()
+        self.dirs[fh] = DirHandle(fd, node)
+        return fh
+
+    @_replies
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        handle = self.dirs.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        if start_id == 0:
+            handle.names = None  # rewinddir(): take a fresh snapshot
+        index = start_id
+        while True:
+            names, batch = await self.backend.list_entries(handle.fd, handle.names, index, 256)
+            handle.names = names
+            if not batch:
+                return
+            for position, (next_index, name, created) in enumerate(batch):
+                if created.path_fd < 0:  # "." or ".."
+                    nodeid = self._dot_nodeid(handle.inode, name, created.st)
+                else:
+                    nodeid = self.inodes.nodeid_for(created.st)
+                attr = self._attr(nodeid, created.st)
+                if not pyfuse3.readdir_reply(token, name, attr, next_index):
+                    for _, _, unused in batch[position:]:
+                        if unused.path_fd >= 0:
+                            os.close(unused.path_fd)
+                    return
+                if created.path_fd >= 0:
+                    # readdirplus: the kernel now holds a reference, exactly as after lookup().
+                    self.inodes.register(created.path_fd, created.st)
+            index = batch[-1][0]
+
+    def _dot_nodeid(self, directory: Inode, name: bytes, st: os.stat_result) -> int:
+        if name == b"." or directory.nodeid == pyfuse3.ROOT_INODE:
+            return directory.nodeid
+        return self.inodes.nodeid_for(st)
+
+    @_replies
+    async def releasedir(self, fh: int) -> None:
+        handle = self.dirs.pop(fh, None)
+        if handle is not None:
+            await self.backend.close_dir(handle.fd)
+
+    @_replies
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        handle = self.dirs.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        await self.backend.fsyncdir(handle.inode.path_fd, bool(datasync))
+
+    # --- shutdown --------------------------------------------------------------------------
+    def open_handles(self) -> int:
+        return len(self.files) + len(self.dirs)

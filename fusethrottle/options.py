@@ -1,0 +1,242 @@
+"""Parse and validate ``-o`` mount options into one frozen :class:`Config`.
+
+Pure: no I/O. Every user mistake becomes an :class:`OptionError` whose message is the single line
+the command prints, so bad input never produces a traceback or a half-made mount.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+class OptionError(ValueError):
+    """A mount option the user got wrong; ``str(err)`` is the one-line explanation."""
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*$")
+_SIZE_UNITS = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1024 * GiB}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|)\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_size(text: str) -> int:
+    """``64M`` -> 67108864. Binary units (K, M, G, T; an optional ``iB``/``B`` suffix)."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise OptionError(f"not a size: {text!r} (examples: 4096, 64M, 1G)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def parse_duration(text: str) -> float:
+    """``500ms`` -> 0.5, ``30s`` -> 30.0, ``2m`` -> 120.0; a bare number means seconds."""
+    m = _DURATION_RE.match(text)
+    if not m:
+        raise OptionError(f"not a duration: {text!r} (examples: 500ms, 30s, 2m)")
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+
+
+def parse_rate(text: str) -> float:
+    """A per-second rate with an optional binary suffix: ``100M`` or ``7000``."""
+    return float(parse_size(text))
+
+
+MODES = ("off", "static", "adaptive")
+METER_PROFILES = ("efs", "efs-legacy", "none")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the daemon needs to know, validated."""
+
+    source: str = ""
+    mountpoint: str = ""
+    foreground: bool = False
+    # FUSE / kernel
+    allow_other: bool = False
+    read_only: bool = False
+    attr_timeout: float = 1.0
+    writeback_cache: bool = False
+    threads: int = 32
+    fsname: str = ""
+    kernel_options: tuple[str, ...] = ()
+    # admission
+    mode: str = "static"
+    batch: int = 64 * MiB
+    window: int = 256 * MiB
+    max_age: float = 30.0
+    admission_timeout: float = 60.0
+    unmount_timeout: float = 600.0
+    # controller (mode=adaptive)
+    window_min: int = 16 * MiB
+    window_max: int = 2 * GiB
+    tolerance: float = 1.5
+    # metering and ceilings
+    meter: str = "efs"
+    metered_limit: float = 0.0
+    ops_limit: float = 0.0
+    throttle_reads: bool = False
+    # observability
+    metrics: str = ""
+    log_level: str = "info"
+
+
+# Generic mount(8) options that libfuse understands and that we forward unchanged.
+_KERNEL_FLAGS = frozenset(
+    [
+        "rw",
+        "nosuid",
+        "suid",
+        "nodev",
+        "dev",
+        "noexec",
+        "exec",
+        "noatime",
+        "atime",
+        "relatime",
+        "norelatime",
+        "strictatime",
+        "sync",
+        "async",
+        "dirsync",
+    ]
+)
+# Options meant for mount(8), fstab or systemd, never for the daemon.
+_IGNORED_FLAGS = frozenset(
+    ["defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev", "nofail"]
+)
+_IGNORED_PREFIXES = ("x-", "comment=", "_netdev", "nofail")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise OptionError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise OptionError(f"must be positive: {text!r}")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise OptionError(f"not a number: {text!r}") from None
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise OptionError(f"{text!r} is not one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def _address(text: str) -> str:
+    host, _, port = text.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise OptionError(f"not HOST:PORT or PORT: {text!r}")
+    return f"{host or '127.0.0.1'}:{int(port)}"
+
+
+_VALUED: dict[str, Callable[[str], object]] = {
+    "attr_timeout": parse_duration,
+    "threads": _positive_int,
+    "fsname": str,
+    "mode": _choice(MODES),
+    "batch": parse_size,
+    "window": parse_size,
+    "max_age": parse_duration,
+    "admission_timeout": parse_duration,
+    "unmount_timeout": parse_duration,
+    "window_min": parse_size,
+    "window_max": parse_size,
+    "tolerance": _float,
+    "meter": _choice(METER_PROFILES),
+    "metered_limit": parse_rate,
+    "ops_limit": parse_rate,
+    "metrics": _address,
+    "log_level": _choice(LOG_LEVELS),
+}
+_BOOLEAN = {"allow_other", "writeback_cache", "throttle_reads"}
+
+
+def split_options(groups: Iterable[str]) -> list[str]:
+    """Flatten several ``-o a,b=c`` arguments into ``["a", "b=c"]``."""
+    return [item.strip() for group in groups for item in group.split(",") if item.strip()]
+
+
+def parse_options(items: Iterable[str], **base: object) -> Config:
+    """Build a :class:`Config` from ``key`` / ``key=value`` items, rejecting unknown ones."""
+    values: dict[str, object] = dict(base)
+    kernel: list[str] = []
+    for item in items:
+        key, eq, raw = item.partition("=")
+        if key in _IGNORED_FLAGS or item.startswith(_IGNORED_PREFIXES):
+            continue
+        if key in _KERNEL_FLAGS and not eq:
+            kernel.append(key)
+            continue
+        if key == "ro" and not eq:
+            values["read_only"] = True
+            continue
+        if key == "default_permissions" and not eq:
+            continue  # always on
+        if key in _BOOLEAN:
+            if eq and raw not in ("1", "0", "yes", "no", "true", "false"):
+                raise OptionError(f"option {key}: expected no value or yes/no, got {raw!r}")
+            values[key] = not eq or raw in ("1", "yes", "true")
+            continue
+        parser = _VALUED.get(key)
+        if parser is None:
+            raise OptionError(f"unknown option: {key!r}")
+        if not eq or raw == "":
+            raise OptionError(f"option {key} needs a value ({key}=...)")
+        try:
+            values[key] = parser(raw)
+        except OptionError as err:
+            raise OptionError(f"option {key}: {err}") from None
+    values["kernel_options"] = tuple(kernel)
+    config = Config(**values)  # type: ignore[arg-type]
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Cross-field rules; raises :class:`OptionError` with the first problem found."""
+    if config.batch <= 0:
+        raise OptionError("batch must be positive")
+    if config.window < config.batch:
+        raise OptionError(
+            f"window ({config.window} bytes) must be at least batch ({config.batch} bytes)"
+        )
+    if config.window_min <= 0 or config.window_min > config.window_max:
+        raise OptionError("window_min must be positive and not above window_max")
+    if config.mode == "adaptive" and not (config.window_min <= config.window <= config.window_max):
+        raise OptionError("window must lie between window_min and window_max in mode=adaptive")
+    if config.tolerance < 1.0:
+        raise OptionError("tolerance must be at least 1.0")
+    if config.max_age <= 0:
+        raise OptionError("max_age must be positive")
+    if config.attr_timeout < 0:
+        raise OptionError("attr_timeout must not be negative")
+    if config.metered_limit < 0 or config.ops_limit < 0:
+        raise OptionError("metered_limit and ops_limit must not be negative")
+    if config.admission_timeout <= 0:
+        raise OptionError("admission_timeout must be positive")
+
+
+def replace(config: Config, **changes: object) -> Config:
+    """A validated copy of *config* with *changes* applied."""
+    new = dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+    validate(new)
+    return new
