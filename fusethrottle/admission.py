@@ -81,18 +81,18 @@ class WindowGate:
         start = trio.current_time()
         if self.on_pressure is not None:
             self.on_pressure()
-        with trio.move_on_after(self.timeout) as scope:
-            try:
+        try:
+            with trio.move_on_after(self.timeout):
                 await waiter.event.wait()
-            except BaseException:
-                # Cancelled while queued (or just granted): give back what was granted.
-                if waiter.event.is_set():
-                    self.ledger.unreserve(waiter.nbytes)
-                else:
-                    self._queue.remove(waiter)
-                self.wake()
-                raise
-        if scope.cancelled_caught and not waiter.event.is_set():
+        except BaseException:
+            # Cancelled from outside while queued (or just granted): give back what we hold.
+            if waiter.event.is_set():
+                self.ledger.unreserve(waiter.nbytes)
+            else:
+                self._queue.remove(waiter)
+            self.wake()
+            raise
+        if not waiter.event.is_set():  # waited the full bound: admit anyway, and count it
             self._queue.remove(waiter)
             self.timeouts_total += 1
             self.ledger.reserve(nbytes)

@@ -1,0 +1,262 @@
+"""The window gate and the flusher, on trio's MockClock: deterministic and fast.
+
+The target here is a test double with a commit latency in (mock) seconds; real targets are
+exercised by the real-mount tests.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from fusethrottle.admission import WindowGate
+from fusethrottle.flusher import Flusher
+from fusethrottle.inodes import InodeTable
+from fusethrottle.ledger import Ledger
+
+MiB = 1 << 20
+
+
+class FixedWindow:
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.samples: list[tuple[int, float]] = []
+        self.errors: list[int] = []
+
+    def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int:
+        self.samples.append((nbytes, seconds))
+        return self.window
+
+    def on_error(self, now: float, err: int) -> int:
+        self.errors.append(err)
+        return self.window
+
+
+class SlowTarget:
+    """Commits at a fixed rate: an fsync of N bytes takes latency + N / rate (mock) seconds."""
+
+    def __init__(self, ledger: Ledger, rate: float = 20 * MiB, latency: float = 0.01) -> None:
+        self.ledger = ledger
+        self.rate = rate
+        self.latency = latency
+        self.fail_with: int | None = None
+        self.fsyncs: list[int] = []
+
+    async def fsync_path(self, path_fd: int, datasync: bool = False) -> None:
+        self.fsyncs.append(path_fd)
+        syncing = sum(s.syncing for s in self.ledger.files.values())
+        await trio.sleep(self.latency + syncing / self.rate)
+        if self.fail_with is not None:
+            raise OSError(self.fail_with, os.strerror(self.fail_with))
+
+
+def run_mock(fn: Callable[[], Awaitable[None]]) -> None:
+    trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@pytest.fixture
+def table(tmp_path: Path):
+    root = os.open(tmp_path, os.O_PATH)
+    inodes = InodeTable(root, os.fstat(root))
+    nodes = []
+    for i in range(40):
+        (tmp_path / f"f{i}").write_bytes(b"")
+        fd = os.open(tmp_path / f"f{i}", os.O_PATH)
+        nodes.append(inodes.register(fd, os.fstat(fd)).nodeid)
+    yield inodes, nodes
+    inodes.close_all()
+
+
+def make(inodes: InodeTable, window: int, batch: int, max_age: float = 30.0):
+    ledger = Ledger()
+    controller = FixedWindow(window)
+    holder: list[Flusher] = []
+    gate = WindowGate(ledger, lambda: controller.window, timeout=600.0,
+                      on_pressure=lambda: holder[0].poke())
+    target = SlowTarget(ledger)
+    flusher = Flusher(ledger, gate, target, inodes, controller,  # type: ignore[arg-type]
+                      batch=batch, max_age=max_age)
+    holder.append(flusher)
+    return ledger, gate, flusher, target, controller
+
+
+async def write(ledger: Ledger, gate: WindowGate, flusher: Flusher, node: int, size: int) -> None:
+    await gate.admit(size)
+    await trio.sleep(0.001)  # the pwrite itself
+    ledger.written(node, size, size, trio.current_time())
+    flusher.poke()
+
+
+def test_window_is_never_exceeded_by_many_writers(table) -> None:
+    inodes, nodes = table
+    window, batch = 16 * MiB, 4 * MiB
+
+    async def main() -> None:
+        ledger, gate, flusher, target, _ = make(inodes, window, batch)
+        peak = 0
+
+        async def writer(node: int) -> None:
+            nonlocal peak
+            for _ in range(32):
+                await write(ledger, gate, flusher, node, MiB)
+                peak = max(peak, ledger.unsynced)
+
+        async with trio.open_nursery() as outer:
+            await outer.start(flusher.run)
+            async with trio.open_nursery() as writers:
+                for node in nodes[:8]:
+                    writers.start_soon(writer, node)
+            await flusher.flush_all()
+            outer.cancel_scope.cancel()
+        assert peak <= window
+        assert ledger.synced_total == 8 * 32 * MiB
+        assert ledger.unsynced == 0
+        assert gate.throttled_total > 0  # back-pressure really happened
+
+    run_mock(main)
+
+
+def test_more_waiting_writers_than_worker_tasks_never_deadlock(table) -> None:
+    """pyfuse3 runs at most max_tasks handlers; 300 blocked writers must still all finish."""
+    inodes, nodes = table
+
+    async def main() -> None:
+        ledger, gate, flusher, target, _ = make(inodes, 2 * MiB, MiB)
+        done = 0
+
+        async def writer(node: int) -> None:
+            nonlocal done
+            for _ in range(4):
+                await write(ledger, gate, flusher, node, 256 * 1024)
+            done += 1
+
+        async with trio.open_nursery() as outer:
+            await outer.start(flusher.run)
+            with trio.fail_after(3600):
+                async with trio.open_nursery() as writers:
+                    for i in range(300):
+                        writers.start_soon(writer, nodes[i % len(nodes)])
+            outer.cancel_scope.cancel()
+        assert done == 300
+        assert gate.timeouts_total == 0
+
+    run_mock(main)
+
+
+def test_max_age_flushes_a_small_idle_file(table) -> None:
+    inodes, nodes = table
+
+    async def main() -> None:
+        ledger, gate, flusher, target, _ = make(inodes, 64 * MiB, 16 * MiB, max_age=30.0)
+        reasons: list[str] = []
+        flusher.on_fsync = lambda reason, s, n, e: reasons.append(reason)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(flusher.run)
+            await write(ledger, gate, flusher, nodes[0], 4096)
+            await trio.sleep(29.0)
+            assert ledger.unsynced == 4096
+            await trio.sleep(2.0)
+            assert ledger.unsynced == 0
+            nursery.cancel_scope.cancel()
+        assert reasons == ["age"]
+
+    run_mock(main)
+
+
+def test_batch_trigger_overlaps_with_writing(table) -> None:
+    """While one batch syncs, the writer keeps writing into the window (not stop-and-wait)."""
+    inodes, nodes = table
+
+    async def main() -> None:
+        ledger, gate, flusher, target, controller = make(inodes, 64 * MiB, 16 * MiB)
+        overlapped = 0
+        async with trio.open_nursery() as nursery:
+            await nursery.start(flusher.run)
+            for _ in range(256):
+                await write(ledger, gate, flusher, nodes[0], MiB)
+                overlapped += flusher.statistics().in_flight > 0
+            await flusher.flush_all()
+            nursery.cancel_scope.cancel()
+        assert len(controller.samples) >= 4
+        assert all(n >= 16 * MiB for n, _ in controller.samples[:-1])
+        assert overlapped > 200
+
+    run_mock(main)
+
+
+def test_unmount_flushes_every_file(table) -> None:
+    inodes, nodes = table
+
+    async def main() -> None:
+        ledger, gate, flusher, target, _ = make(inodes, 256 * MiB, 64 * MiB)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(flusher.run)
+            for node in nodes[:10]:
+                await write(ledger, gate, flusher, node, 1000)
+            assert target.fsyncs == []
+            failed = await flusher.flush_all("unmount")
+            nursery.cancel_scope.cancel()
+        assert failed == []
+        assert ledger.unsynced == 0
+        assert len(target.fsyncs) == 10
+
+    run_mock(main)
+
+
+def test_failed_fsync_is_kept_and_reported_not_swallowed(table) -> None:
+    inodes, nodes = table
+
+    async def main() -> None:
+        ledger, gate, flusher, target, controller = make(inodes, 8 * MiB, 4 * MiB)
+        target.fail_with = errno.EIO
+        async with trio.open_nursery() as nursery:
+            await nursery.start(flusher.run)
+            for _ in range(4):
+                await write(ledger, gate, flusher, nodes[0], MiB)
+            await trio.sleep(0.5)
+            assert flusher.fsync_errors_total >= 1
+            assert ledger.unsynced == 4 * MiB  # still owed to the target
+            assert controller.errors and controller.errors[0] == errno.EIO
+            assert ledger.take_error(nodes[0]) == errno.EIO  # next write/fsync/close sees it
+            assert ledger.take_error(nodes[0]) is None  # ...once
+            target.fail_with = None
+            failed = await flusher.flush_all()
+            nursery.cancel_scope.cancel()
+        assert failed == []
+        assert ledger.unsynced == 0
+
+    run_mock(main)
+
+
+def test_a_gate_wait_is_bounded(table) -> None:
+    """A target that never commits makes writes slow, never stuck forever."""
+    inodes, nodes = table
+
+    async def main() -> None:
+        ledger = Ledger()
+        gate = WindowGate(ledger, lambda: MiB, timeout=60.0)
+        await gate.admit(MiB)
+        start = trio.current_time()
+        await gate.admit(MiB)
+        assert trio.current_time() - start == pytest.approx(60.0)
+        assert gate.timeouts_total == 1
+        assert ledger.unsynced == 2 * MiB
+
+    run_mock(main)
+
+
+def test_mode_off_never_waits() -> None:
+    async def main() -> None:
+        ledger = Ledger()
+        gate = WindowGate(ledger, lambda: MiB, enabled=False)
+        for _ in range(10):
+            assert await gate.admit(MiB) == 0.0
+        assert ledger.unsynced == 10 * MiB  # still accounted
+
+    run_mock(main)

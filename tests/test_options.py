@@ -1,0 +1,93 @@
+"""Option parsing: every user mistake is one clear OptionError, every valid spelling works."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fusethrottle.options import (
+    GiB,
+    MiB,
+    OptionError,
+    parse_duration,
+    parse_options,
+    parse_size,
+    split_options,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("4096", 4096), ("64M", 64 * MiB), ("64m", 64 * MiB), ("1G", GiB), ("1GiB", GiB),
+     ("512K", 512 * 1024), ("1.5G", int(1.5 * GiB)), ("2MB", 2 * MiB)],
+)
+def test_sizes(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), ("7", 7.0)],
+)
+def test_durations(text: str, expected: float) -> None:
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "M", "-1M", "64X", "1 2", "ten"])
+def test_bad_sizes_are_refused(bad: str) -> None:
+    with pytest.raises(OptionError, match="not a size"):
+        parse_size(bad)
+
+
+@given(st.integers(min_value=0, max_value=2**40), st.sampled_from(["", "K", "M", "G"]))
+def test_size_roundtrip(n: int, unit: str) -> None:
+    factor = {"": 1, "K": 1024, "M": MiB, "G": GiB}[unit]
+    assert parse_size(f"{n}{unit}") == n * factor
+
+
+def test_defaults_match_the_design() -> None:
+    config = parse_options([])
+    assert (config.mode, config.batch, config.window, config.max_age) == (
+        "static", 64 * MiB, 256 * MiB, 30.0)
+    assert config.writeback_cache is False
+
+
+def test_full_option_set() -> None:
+    config = parse_options(split_options([
+        "allow_other,mode=adaptive,batch=32M,window=128M",
+        "max_age=10s,attr_timeout=500ms,metrics=9100,meter=efs-legacy,ro,noatime",
+    ]))
+    assert config.allow_other and config.read_only
+    assert config.mode == "adaptive"
+    assert (config.batch, config.window, config.max_age) == (32 * MiB, 128 * MiB, 10.0)
+    assert config.attr_timeout == 0.5
+    assert config.metrics == "127.0.0.1:9100"
+    assert config.kernel_options == ("noatime",)
+
+
+def test_fstab_and_systemd_options_are_ignored() -> None:
+    config = parse_options(split_options(
+        ["_netdev,nofail,auto,x-systemd.requires=/mnt/nfs,x-systemd.automount,defaults,users"]))
+    assert config == parse_options([])
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["bogus"], "unknown option: 'bogus'"),
+        (["batch"], "needs a value"),
+        (["batch=lots"], "option batch: not a size"),
+        (["batch=64M", "window=32M"], "window .* must be at least batch"),
+        (["mode=fast"], "option mode: 'fast' is not one of off, static, adaptive"),
+        (["max_age=soon"], "not a duration"),
+        (["metrics=host:http"], "not HOST:PORT"),
+        (["tolerance=0.5"], "tolerance must be at least 1.0"),
+        (["allow_other=maybe"], "expected no value"),
+        (["window_min=1G", "window_max=512M"], "window_min"),
+    ],
+)
+def test_mistakes_get_one_clear_line(items: list[str], message: str) -> None:
+    with pytest.raises(OptionError, match=message) as info:
+        parse_options(items)
+    assert "\n" not in str(info.value)

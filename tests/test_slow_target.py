@@ -1,0 +1,152 @@
+"""Admission on a real slow target: ext4 on a loop device throttled to 20 MiB/s (recipe A).
+
+What a user cares about: a buffered 1 GiB backup written through the mount never holds much
+more than the window as Dirty+Writeback pages (the thing that stalls every other process on the
+host), the file arrives intact, and a failing target's errors reach the writer. mode=off, the
+plain passthrough, shows the problem the window removes.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mount_util import start_fusethrottle
+from slow_target import SlowTarget, dirty_and_writeback, skip_reason, slow_target
+
+MiB = 1 << 20
+pytestmark = [
+    pytest.mark.mount,
+    pytest.mark.slow_target,
+    pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""),
+]
+
+
+@pytest.fixture
+def target() -> Iterator[SlowTarget]:
+    with slow_target(rate=20 * MiB) as t:
+        yield t
+
+
+class PeakSampler:
+    """Largest growth of Dirty+Writeback over the baseline, sampled every 50 ms."""
+
+    def __init__(self) -> None:
+        self.baseline = dirty_and_writeback()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, dirty_and_writeback() - self.baseline)
+
+    def __enter__(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def write_stream(path: Path, total: int, stop_after_growth: int | None = None,
+                 sampler: PeakSampler | None = None) -> tuple[str, int]:
+    """Buffered 1 MiB writes of a reproducible pattern; returns (sha256, bytes written)."""
+    digest = hashlib.sha256()
+    block = bytearray(os.urandom(MiB))
+    written = 0
+    with open(path, "wb", buffering=0) as f:
+        while written < total:
+            block[:8] = written.to_bytes(8, "little")
+            f.write(block)
+            digest.update(block)
+            written += MiB
+            if stop_after_growth and sampler and sampler.peak > stop_after_growth:
+                break
+    return digest.hexdigest(), written
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 * MiB):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def test_window_bounds_dirty_pages_and_the_backup_arrives_intact(target, workdir) -> None:
+    window = 64 * MiB
+    source = target.mountpoint / "backups"
+    source.mkdir()
+    mnt = workdir / "mnt"
+    mnt.mkdir()
+    daemon = start_fusethrottle(source, mnt, ["batch=16M", "window=64M"])
+    try:
+        with PeakSampler() as sampler:
+            digest, written = write_stream(mnt / "backup.bin", 1024 * MiB)
+        target.throttle(0)
+        assert daemon.stop() == 0
+    finally:
+        daemon.stop()
+    assert written == 1024 * MiB
+    assert sampler.peak <= window + 64 * MiB, f"Dirty+Writeback grew {sampler.peak / MiB:.0f} MiB"
+    assert sha256_of(source / "backup.bin") == digest
+
+
+def test_plain_passthrough_is_not_bounded(target, workdir) -> None:
+    """mode=off: the same backup piles up in the page cache, which is what the window prevents."""
+    source = target.mountpoint / "backups"
+    source.mkdir()
+    mnt = workdir / "mnt"
+    mnt.mkdir()
+    daemon = start_fusethrottle(source, mnt, ["mode=off"])
+    try:
+        with PeakSampler() as sampler:
+            _, written = write_stream(mnt / "backup.bin", 1024 * MiB, 400 * MiB, sampler)
+            deadline = time.monotonic() + 5
+            while sampler.peak <= 400 * MiB and time.monotonic() < deadline:
+                time.sleep(0.1)
+        target.throttle(0)  # let the unmount flush finish quickly
+        assert daemon.stop() == 0
+    finally:
+        daemon.stop()
+    assert sampler.peak > 400 * MiB, f"only {sampler.peak / MiB:.0f} MiB piled up"
+
+
+def test_a_failing_target_reports_eio_to_the_writer_and_stays_up(target, workdir) -> None:
+    """A dead target (ext4 shut down: every write and fsync fails with EIO) is never hidden."""
+    source = target.mountpoint / "backups"
+    source.mkdir()
+    mnt = workdir / "mnt"
+    mnt.mkdir()
+    daemon = start_fusethrottle(source, mnt, ["batch=4M", "window=16M"])
+    daemon.expect_log_problems = True  # the target errors are logged, on purpose
+    try:
+        fd = os.open(mnt / "backup.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b"x" * MiB)
+            target.shutdown()
+            with pytest.raises(OSError) as info:
+                for _ in range(64):
+                    os.write(fd, b"y" * MiB)
+                os.fsync(fd)
+            assert info.value.errno == errno.EIO
+            with pytest.raises(OSError) as info:
+                os.fsync(fd)
+            assert info.value.errno == errno.EIO
+        finally:
+            os.close(fd)
+        # the daemon is still serving
+        assert not (mnt / "other").exists()
+        assert os.statvfs(mnt).f_namemax > 0
+    finally:
+        code = daemon.stop()
+    assert code == 0  # every error reached the application, so nothing is left owed
+    assert "Input/output error" in daemon.log()
