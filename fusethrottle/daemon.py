@@ -27,12 +27,13 @@ import pyfuse3
 import trio
 
 from . import sdnotify
-from .admission import WindowGate
+from .admission import Ceilings, WindowGate
 from .backend import Backend
 from .controller import make_controller
 from .flusher import Flusher
 from .inodes import InodeTable
 from .ledger import Ledger
+from .meter import Meter, profile
 from .mountinfo import find_mount
 from .ops import Operations
 from .options import Config
@@ -55,6 +56,7 @@ class Mount:
     ops: Operations
     controller: object
     events: object
+    ceilings: Ceilings
 
 
 def build(
@@ -90,6 +92,12 @@ def build(
         on_fsync=events.fsync,  # type: ignore[attr-defined]
     )
     flusher_ref.append(flusher)
+    ceilings = Ceilings(
+        Meter(profile(config.meter)),
+        metered_limit=config.metered_limit,
+        ops_limit=config.ops_limit,
+        throttle_reads=config.throttle_reads,
+    )
     ops = Operations(
         backend=backend,
         inodes=inodes,
@@ -100,8 +108,9 @@ def build(
         batch=config.batch,
         writeback_cache=config.writeback_cache,
         events=events,  # type: ignore[arg-type]
+        ceilings=ceilings if ceilings.active else None,
     )
-    return Mount(config, backend, inodes, ledger, gate, flusher, ops, controller, events)
+    return Mount(config, backend, inodes, ledger, gate, flusher, ops, controller, events, ceilings)
 
 
 def fuse_options(config: Config) -> set[str]:

@@ -25,12 +25,13 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from .admission import WindowGate
+from .admission import Ceilings, WindowGate
 from .backend import Backend, Created
 from .events import Events, NullEvents
 from .flusher import Flusher
 from .inodes import Inode, InodeTable
 from .ledger import Ledger
+from .meter import OpClass
 
 log = logging.getLogger(__name__)
 
@@ -96,34 +97,87 @@ class _ErrorLog:
         log.warning("target error in %s (%s): %s", op, detail, os.strerror(err))
 
 
+# Metadata requests that pay the EFS ceilings when the user asks reads/metadata to be throttled.
+# fsync, flush, release and forget never wait for anything; read and write pay by size.
+_METADATA_CLASS = {
+    **dict.fromkeys(
+        (
+            "lookup",
+            "getattr",
+            "readlink",
+            "opendir",
+            "readdir",
+            "statfs",
+            "getxattr",
+            "listxattr",
+            "open",
+        ),
+        OpClass.META_READ,
+    ),
+    **dict.fromkeys(
+        (
+            "setattr",
+            "mknod",
+            "mkdir",
+            "symlink",
+            "unlink",
+            "rmdir",
+            "rename",
+            "link",
+            "setxattr",
+            "removexattr",
+            "create",
+        ),
+        OpClass.META_WRITE,
+    ),
+}
+
+
 def _replies(fn: F) -> F:
     """Every handler ends in a reply or a FUSEError, whatever happens inside it."""
     op = fn.__name__
+
+    charged = _METADATA_CLASS.get(op)
 
     @functools.wraps(fn)
     async def handler(self: Operations, *args: Any) -> Any:
         self.events.operation(op)
         try:
+            if charged is not None and self.ceilings is not None:
+                await self.ceilings.wait(charged, 0)
             return await fn(self, *args)
         except pyfuse3.FUSEError:
             raise
         except OSError as err:
             code = err.errno or errno.EIO
             self.events.target_error(op, code)
-            self._errors.report(op, code, _describe(args))
+            self._errors.report(op, code, _describe(args, op))
             raise pyfuse3.FUSEError(code) from None
         except trio.Cancelled:
             raise
         except Exception:
-            log.exception("internal error in %s%s; answered EIO", op, _describe(args))
+            log.exception("internal error in %s%s; answered EIO", op, _describe(args, op))
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return handler  # type: ignore[return-value]
 
 
-def _describe(args: tuple[Any, ...]) -> str:
-    shown = [repr(a) for a in args if isinstance(a, int | bytes) and not isinstance(a, bool)]
-    return "(" + ", ".join(shown[:3]) + ")"
+# Arguments after these positions are file data or xattr values: never written to a log.
+_DATA_ARG = {"write": 2, "setxattr": 2}
+_SHOWN_BYTES = 255
+
+
+def _describe(args: tuple[Any, ...], op: str = "") -> str:
+    """Node ids, offsets and names of a request, for a log line; never the data it carries."""
+    shown = []
+    for arg in args[: _DATA_ARG.get(op, 3)]:
+        if isinstance(arg, bool) or not isinstance(arg, int | bytes):
+            continue
+        if isinstance(arg, bytes) and len(arg) > _SHOWN_BYTES:
+            shown.append(f"<{len(arg)} bytes>")
+        else:
+            shown.append(repr(arg))
+    return "(" + ", ".join(shown) + ")"
 
 
 class Operations(pyfuse3.Operations):
@@ -144,8 +198,10 @@ class Operations(pyfuse3.Operations):
         batch: int = 64 << 20,
         writeback_cache: bool = False,
         events: Events | None = None,
+        ceilings: Ceilings | None = None,
     ) -> None:
         super().__init__()
+        self.ceilings = ceilings
         self.backend = backend
         self.inodes = inodes
         self.ledger = ledger
@@ -389,6 +445,8 @@ class Operations(pyfuse3.Operations):
     @_replies
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self._handle(fh)
+        if self.ceilings is not None:
+            await self.ceilings.wait(OpClass.DATA_READ, size)
         data = await self.backend.pread(handle.fd, size, off, handle.direct)
         self.events.bytes_read(len(data))
         return data
@@ -399,6 +457,8 @@ class Operations(pyfuse3.Operations):
         nodeid = handle.inode.nodeid
         self._raise_pending(nodeid)
         size = len(buf)
+        if self.ceilings is not None:
+            await self.ceilings.wait(OpClass.DATA_WRITE, size)
         waited = await self.gate.admit(size)
         if waited:
             self.events.admission_wait(waited)

@@ -1,0 +1,86 @@
+"""EFS-style ceilings: writes wait for tokens, the delivered rate matches the configured one."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import trio
+import trio.testing
+
+from fusethrottle.admission import BURST_SECONDS, Ceilings
+from fusethrottle.meter import Meter, OpClass, profile
+
+MiB = 1 << 20
+
+
+def run_mock(fn) -> None:  # type: ignore[no-untyped-def]
+    trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_many_writers_share_the_metered_limit_exactly() -> None:
+    async def main() -> None:
+        ceilings = Ceilings(Meter(profile("efs")), metered_limit=10 * MiB)
+        passed = 0
+
+        async def writer() -> None:
+            nonlocal passed
+            while True:
+                await ceilings.wait(OpClass.DATA_WRITE, 256 * 1024)
+                passed += 256 * 1024
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(7):
+                nursery.start_soon(writer)
+            await trio.sleep(100.0)
+            nursery.cancel_scope.cancel()
+        expected = 10 * MiB * (100.0 + BURST_SECONDS)
+        assert abs(passed - expected) / expected < 0.01
+
+    run_mock(main)
+
+
+def test_one_byte_writes_pay_a_full_minimum_and_five_units() -> None:
+    async def main() -> None:
+        ceilings = Ceilings(Meter(profile("efs")), ops_limit=500)  # 100 writes/s
+        count = 0
+        with trio.move_on_after(10.0):
+            while True:
+                await ceilings.wait(OpClass.DATA_WRITE, 1)
+                count += 1
+        assert 1000 <= count <= 1000 + 500 * BURST_SECONDS / 5 + 1
+
+    run_mock(main)
+
+
+def test_reads_and_metadata_pass_free_unless_asked() -> None:
+    meter = Meter(profile("efs"))
+    free = Ceilings(meter, metered_limit=MiB, ops_limit=10)
+    assert not free.applies_to(OpClass.DATA_READ)
+    assert not free.applies_to(OpClass.META_WRITE)
+    assert free.applies_to(OpClass.DATA_WRITE)
+    strict = Ceilings(meter, metered_limit=MiB, throttle_reads=True)
+    assert strict.applies_to(OpClass.META_READ)
+    assert not Ceilings(meter).active
+
+
+@pytest.mark.mount
+def test_metered_limit_is_delivered_within_five_percent(make_mount) -> None:
+    """Through a real mount: 16 MiB/s of metered writes over 10 s, measured from outside."""
+    daemon = make_mount(options=["metered_limit=16M", "mode=off"])
+    path = daemon.mountpoint / "stream.bin"
+    block = os.urandom(MiB)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for _ in range(8):  # spend the burst first, then measure steady state
+            os.write(fd, block)
+        start = time.monotonic()
+        written = 0
+        while time.monotonic() - start < 10.0:
+            written += os.write(fd, block)
+        elapsed = time.monotonic() - start
+    finally:
+        os.close(fd)
+    rate = written / elapsed
+    assert abs(rate - 16 * MiB) / (16 * MiB) <= 0.05, f"{rate / MiB:.2f} MiB/s"
