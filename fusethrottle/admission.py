@@ -181,7 +181,16 @@ class Ceilings:
         if delay > 0:
             self.delayed_total += 1
             self.delay_seconds_total += delay
-            await trio.sleep(delay)
+            try:
+                await trio.sleep(delay)
+            except BaseException:
+                # Cancelled (unmount): the request never reaches the target, so neither
+                # should its cost.
+                charge = self.meter.charge(op, nbytes)
+                now = trio.current_time()
+                self.bytes.refund(now, charge.metered_bytes)
+                self.units.refund(now, charge.units)
+                raise
         return delay
 
     def statistics(self) -> CeilingStatistics:

@@ -1,15 +1,92 @@
-"""Window controllers: how many un-synced bytes a mount may hold.
+"""Window controllers: how many un-synced bytes one mount may hold.
 
-Pure: every method takes the time as an argument and does no I/O, so the flusher calls them from
-the event loop and tests drive them with made-up samples.
+Pure: time is an argument, there is no I/O, no clock and no trio, so the flusher calls these from
+the event loop and tests feed them made-up samples. One sample per completed fsync:
+``on_sample(now, nbytes, seconds, in_flight)``, where ``in_flight`` is the mount's un-synced bytes
+once this fsync's bytes are gone (``ledger.unsynced`` after ``end_sync``).
 
-PLACEHOLDER DOCSTRING (rewritten once the simulation numbers are in).
+``StaticController`` keeps the configured window (``mode=static`` and ``mode=off``): the baseline
+every benchmark compares against.
+
+``AdaptiveController`` (``mode=adaptive``) sizes the window so that it **drains in about
+``drain_s`` seconds (default 2.5) at the rate the target commits this mount's data now**::
+
+    W* = rate x drain_s          rate = MiB committed / seconds spent, over the last 5 fsyncs
+
+The user-facing promise: whatever has to wait for this mount's data (a sync(), reclaim, the
+backup's own fsync) waits about ``drain_s``, whether the target runs at 200 MiB/s or 1 MiB/s.
+The kernel's per-device limit, by contrast, holds a fixed byte count, so its wait grows as the
+target slows.
+
+How it is measured. Each fsync is charged its *delivery interval*: from its start, or from the
+previous completion if that came later. Sequential fsyncs are charged their whole duration;
+overlapping ones are not charged twice. So the rate is this mount's commit rate, and it does not
+fall as the mount's own queue grows. Raw fsync latency *does* grow with the mount's own queue, and
+that is what drove the first design below into its problems.
+
+Rules, in order:
+
+1. Hard signals (an fsync of ``slow_fsync_s`` or more, or EIO/ETIMEDOUT) halve the window and
+   *hold*: no growth until an fsync that started after the cut comes back in time.
+2. Until ``short_samples`` fsyncs have been seen, the initial window is only a guess, and the
+   first evidence that it is too big replaces it outright.
+3. If the window is more than ``tolerance`` x W*, the target is clearly slower than the window
+   assumes: cut at once to W*, but by at most half per sample.
+4. Otherwise move ``smoothing`` of the way toward W*. Shrink only when the latest sample *and*
+   the 5-sample mean both say "too big"; grow only when both say "too small", and only while at
+   least half the window is in use (a writer slower than the target needs no bigger window).
+5. Every update made while the window is in use and not held adds a small fixed step
+   (``fair_step``, default ``minimum / 4``, at most W*/8). This is the additive half of AIMD.
+   Hosts sharing one server each measure their own share, and on a FIFO server a host's share
+   follows its window. So W* is proportional to the window, and without a fixed step nothing
+   pulls unequal windows together. It costs a bias of at most +12.5% over W*.
+
+Why not the first design (``../shared/DESIGN.md``, "Controller")? It used a gradient on fsync
+seconds per MiB against a slow long-term baseline: shrink when ``tolerance x long / short < 1``,
+otherwise grow by ``batch``. It was measured in ``fusethrottle.simulation`` (``python -m
+bench.simulate``). The flusher runs one fsync per file, each covering everything dirty in that
+file, so a bigger window makes each fsync bigger, not slower per MiB. The gradient never saw
+congestion: it grew by a batch per sample toward ``window_max`` (1.3-1.9 GiB after 400 s at
+25-200 MiB/s) and settled in none of 8 step scenarios. It shrank only on 30 s hard signals, so
+when a 20 MiB/s target fell to 1 MiB/s it still held 269 MiB. Eight hosts on one target held
+3.5-14 GiB between them. A baseline learned per mount also cannot tell "the target got slower"
+from "other hosts joined". In a variant of this controller, mounts that joined at different
+times kept different baselines (8 staggered mounts: Jain 0.80). A drain-time target has no
+learned baseline, so the order in which hosts join does not matter.
+
+Measured in the model (``tests/test_simulation.py``, ``python -m bench.simulate``). Setup: one
+file written at 400 MiB/s, 64 MiB batches, window 16 MiB-2 GiB, each fsync's cost jittered
++-10%. Results:
+
+- After a capacity step (100->25, 25->100, 100->10, 10->100, 20->1, 1->20, 50->200, 200->50
+  MiB/s) the window is within +-20% of capacity x ``drain_s`` within 1-14 fsyncs.
+- In steady state it stays within 4.3% of its mean (9.2% with +-20% jitter).
+- After a 60 s stall it halves once, is back within 20% in 8-9 fsyncs, and never exceeds 1.06x
+  the pre-stall window.
+- In the bench's degrade scenario (20 -> 1 -> 20 MiB/s) it peaks at 50 MiB un-synced in the slow
+  phase against static's 256 MiB (0.20x) at the same throughput.
+- 2 or 8 hosts with the same settings on one FIFO target, joining together or a minute apart,
+  reach Jain >= 0.99 within 5 minutes. The exception is 2 hosts on a 400 MiB/s target: 0.82 at
+  5 minutes, 0.99 at 20. Convergence takes about W / (smoothing x step) fsyncs, slow for large
+  windows. From windows 64x apart: 0.72-1.0 at 5 minutes, 0.94-1.0 at 20.
+- A fleet's total window stays near capacity x ``drain_s`` (plus ``fair_step`` per host),
+  however many hosts share the target.
+
+Limits:
+
+- The target's base latency counts toward the drain time, so a target whose fsync round trip
+  approaches ``drain_s`` gets ``window_min``.
+- A slowdown is only seen when an fsync completes, so the data admitted before it (the window in
+  force then) still has to drain at the new speed. A smaller ``drain_s`` shortens that.
+- With the flusher's current rule (an fsync at ``batch`` dirty bytes or a full window), a window
+  below 2 x ``batch`` leaves the target idle while the writer refills it: 5% throughput at
+  20 MiB/s with a 400 MiB/s writer. Starting an fsync at half the window removes it (see
+  ``MountSpec.half_window``).
 """
 
 from __future__ import annotations
 
 import errno as errno_mod
-import logging
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -18,9 +95,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .options import Config
 
-log = logging.getLogger(__name__)
-
 MiB = 1024 * 1024
+
+#: Default target drain time of the window, seconds.
+DEFAULT_DRAIN_S = 2.5
 
 #: Errors that mean "the target is in trouble", not "this request was wrong".
 HARD_ERRNOS = frozenset({errno_mod.EIO, errno_mod.ETIMEDOUT})
@@ -32,27 +110,26 @@ class ControllerState:
 
     mode: str  # "static" | "adaptive"
     window: int  # bytes
-    baseline_s_per_mib: float | None  # best (lowest) commit cost seen, seconds per MiB
-    recent_s_per_mib: float | None  # commit cost over the last few samples
+    baseline_s_per_mib: float | None  # lowest commit cost seen lately, seconds per MiB
+    recent_s_per_mib: float | None  # commit cost over the last few fsyncs
     samples: int
     holds: int  # times a hard signal halved the window
 
 
 class _CostMeter:
-    """Seconds the target needed per MiB of this mount's data, recent and best.
+    """Seconds the target needed per MiB of this mount's data: recent, and the best lately.
 
-    The time charged to one fsync is its *delivery interval*: from when it started, or from the
-    previous completion if that came later. Sequential fsyncs are charged their full duration;
-    overlapping ones are not charged again for time already charged to another. So the cost is
-    the inverse of the rate this mount's data was committed at, which, unlike fsync latency, does
-    not grow with the mount's own queue.
+    ``recent`` is total delivery time over total MiB for the last *samples* fsyncs; a tiny fsync
+    (a small file's release) therefore barely moves it. ``baseline`` is the lowest ``recent``,
+    allowed to double every *memory_s* seconds when nothing refreshes it; it is reported, not
+    steered by: it tells an operator how far the target is from its best.
     """
 
     def __init__(self, samples: int, memory_s: float) -> None:
         self._recent: deque[tuple[float, float]] = deque(maxlen=samples)  # (seconds, MiB)
         self._memory_s = memory_s
         self._last_done: float | None = None
-        self._base_time: float | None = None
+        self._base_time = 0.0
         self.recent: float | None = None
         self.baseline: float | None = None
 
@@ -60,39 +137,37 @@ class _CostMeter:
     def full(self) -> bool:
         return len(self._recent) == self._recent.maxlen
 
-    def add(self, now: float, nbytes: int, seconds: float) -> None:
+    def add(self, now: float, nbytes: int, seconds: float) -> float | None:
+        """Record one completed fsync; returns its own cost (None for an empty one)."""
         started = now - max(seconds, 0.0)
         if self._last_done is not None:
             started = max(started, min(self._last_done, now))
-        self._last_done = now if self._last_done is None else max(self._last_done, now)
-        if nbytes <= 0:
-            return
-        self._recent.append((now - started, nbytes / MiB))
-        spent = sum(s for s, _ in self._recent)
-        mib = sum(m for _, m in self._recent)
-        self.recent = max(spent / mib, 1e-12)
-        if not self.full:
-            return
-        if self.baseline is None or self._base_time is None:
-            self.baseline, self._base_time = self.recent, now
-            return
-        # Running minimum that forgets slowly: unrefreshed, it may double every memory_s.
-        aged = self.baseline * 2.0 ** (max(now - self._base_time, 0.0) / self._memory_s)
-        if self.recent <= aged:
-            self.baseline, self._base_time = self.recent, now
+            self._last_done = max(self._last_done, now)
         else:
-            self.baseline, self._base_time = aged, now
+            self._last_done = now
+        if nbytes <= 0:
+            return None
+        spent, mib = now - started, nbytes / MiB
+        self._recent.append((spent, mib))
+        self.recent = max(sum(s for s, _ in self._recent) / sum(m for _, m in self._recent), 1e-12)
+        if self.full:
+            aged = math.inf
+            if self.baseline is not None:
+                age = max(now - self._base_time, 0.0)
+                aged = self.baseline * 2.0 ** min(age / self._memory_s, 64.0)
+            self.baseline, self._base_time = min(self.recent, aged), now
+        return max(spent / mib, 1e-12)
 
 
 class StaticController:
-    """A fixed window: the baseline every benchmark compares against (``mode=static``/``off``)."""
+    """A fixed window (``mode=static`` and ``mode=off``); it still measures, for metrics."""
 
     def __init__(self, window: int) -> None:
         if window <= 0:
             raise ValueError("window must be positive")
         self._window = int(window)
         self._samples = 0
-        self._costs = _CostMeter(5, math.inf)
+        self._costs = _CostMeter(5, 1800.0)
 
     @property
     def window(self) -> int:
@@ -107,13 +182,17 @@ class StaticController:
         return self._window
 
     def snapshot(self) -> ControllerState:
+        costs = self._costs
         return ControllerState(
-            "static", self._window, self._costs.baseline, self._costs.recent, self._samples, 0
+            "static", self._window, costs.baseline, costs.recent, self._samples, 0
         )
 
 
 class AdaptiveController:
-    """Sizes the window from how fast the target commits this mount's data (``mode=adaptive``)."""
+    """Sizes the window to drain in about ``drain_s`` at the target's current commit rate.
+
+    See the module docstring for the rules and the measurements behind them.
+    """
 
     def __init__(
         self,
@@ -125,6 +204,7 @@ class AdaptiveController:
         tolerance: float = 1.5,
         smoothing: float = 0.2,
         slow_fsync_s: float = 30.0,
+        drain_s: float = DEFAULT_DRAIN_S,
         short_samples: int = 5,
         memory_s: float = 1800.0,
         fair_step: int | None = None,
@@ -137,16 +217,19 @@ class AdaptiveController:
             raise ValueError("tolerance must be at least 1.0")
         if not 0.0 < smoothing <= 1.0:
             raise ValueError("smoothing must be in (0, 1]")
-        if slow_fsync_s <= 0 or memory_s <= 0 or short_samples < 1:
-            raise ValueError("slow_fsync_s, memory_s and short_samples must be positive")
+        if min(slow_fsync_s, drain_s, memory_s) <= 0 or short_samples < 1:
+            raise ValueError("slow_fsync_s, drain_s, memory_s and short_samples must be positive")
+        if fair_step is not None and fair_step < 0:
+            raise ValueError("fair_step must not be negative")
         self.minimum = int(minimum)
         self.maximum = int(maximum)
-        self.batch = int(batch)
+        self.batch = int(batch)  # kept for callers and metrics; W* does not depend on it
         self.tolerance = float(tolerance)
         self.smoothing = float(smoothing)
         self.slow_fsync_s = float(slow_fsync_s)
-        self.fair_step = float(fair_step if fair_step is not None else min(batch, minimum) / 4)
-        self._window = float(min(max(initial, minimum), maximum))
+        self.drain_s = float(drain_s)
+        self.fair_step = float(minimum / 4 if fair_step is None else fair_step)
+        self._window = self._clamp(float(initial))
         self._costs = _CostMeter(short_samples, memory_s)
         self._samples = 0
         self._holds = 0
@@ -156,67 +239,77 @@ class AdaptiveController:
     def window(self) -> int:
         return int(self._window)
 
-    def target(self) -> float | None:
-        """The window the controller is steering toward, bytes (None until measured)."""
-        base, recent = self._costs.baseline, self._costs.recent
-        if base is None or recent is None:
-            return None
-        drain_s = self.tolerance * base * self.batch / MiB
-        drain_s = min(drain_s, self.slow_fsync_s / 2)
-        return self._clamp(drain_s / recent * MiB)
-
     def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int:
+        """One completed fsync of *nbytes* that took *seconds*; returns the new window."""
         self._samples += 1
-        self._costs.add(now, nbytes, seconds)
+        warming = not self._costs.full
+        latest = self._costs.add(now, nbytes, seconds)
+        mean = self._costs.recent
+        fit_fast = fit_slow = None
+        if latest is not None and mean is not None:
+            fit_fast = self._fit(min(latest, mean))  # the larger W* of the two views
+            fit_slow = self._fit(max(latest, mean))  # the smaller
         if seconds >= self.slow_fsync_s:
-            return self._reduce(now)
-        started = now - seconds
-        holding = self._hold_since is not None and started < self._hold_since
-        if not holding:
-            self._hold_since = None
-        goal = self.target()
-        if goal is None or not self._costs.full:
+            self._reduce(now)
+            if warming and fit_fast is not None:
+                self._window = self._clamp(min(self._window, fit_fast))
+            return self.window
+        if self._hold_since is not None and now - seconds >= self._hold_since:
+            self._hold_since = None  # an fsync that started after the cut came back in time
+        if fit_fast is None or fit_slow is None:
             return self.window
         w = self._window
-        goal = min(max(goal, w / 2), w * 2)
         in_use = in_flight + nbytes >= w / 2
-        if goal > w and (holding or not in_use):
+        may_grow = in_use and self._hold_since is None and not warming
+        if warming and w > fit_fast:
+            w = fit_fast
+        elif w > self.tolerance * fit_fast:
+            w = max(fit_fast, w / 2)
+        else:
             goal = w
-        step = self.smoothing * (goal - w)
-        if in_use and not holding:
-            step += self.smoothing * self.fair_step
-        self._window = self._clamp(w + step)
+            if w > fit_fast:
+                goal = fit_fast
+            elif may_grow and fit_slow > w:
+                goal = min(fit_slow, 2 * w)
+            step = min(self.fair_step, fit_fast / 8) if may_grow else 0.0
+            w += self.smoothing * (goal - w + step)
+        self._window = self._clamp(w)
         return self.window
 
     def on_error(self, now: float, errno: int) -> int:
+        """An fsync failed; EIO and ETIMEDOUT halve the window, other errors say nothing about
+        the target's speed (ENOSPC, EDQUOT, ...) and leave it alone."""
         if errno in HARD_ERRNOS:
-            return self._reduce(now)
+            self._reduce(now)
         return self.window
 
-    def _reduce(self, now: float) -> int:
+    def snapshot(self) -> ControllerState:
+        costs = self._costs
+        return ControllerState(
+            "adaptive", self.window, costs.baseline, costs.recent, self._samples, self._holds
+        )
+
+    def _fit(self, s_per_mib: float) -> float:
+        """The window that drains in ``drain_s`` at *s_per_mib*, clamped."""
+        return self._clamp(self.drain_s / s_per_mib * MiB)
+
+    def _reduce(self, now: float) -> None:
         before = self._window
         self._window = self._clamp(self._window / 2)
         if self._window < before:
             self._holds += 1
         self._hold_since = now
-        return self.window
 
     def _clamp(self, value: float) -> float:
         return float(min(max(value, self.minimum), self.maximum))
 
-    def snapshot(self) -> ControllerState:
-        return ControllerState(
-            "adaptive",
-            self.window,
-            self._costs.baseline,
-            self._costs.recent,
-            self._samples,
-            self._holds,
-        )
-
 
 def make_controller(config: Config) -> StaticController | AdaptiveController:
-    """The controller ``config.mode`` asks for (``off`` and ``static`` keep a fixed window)."""
+    """The controller ``config.mode`` asks for; ``off`` and ``static`` keep ``config.window``.
+
+    In adaptive mode ``config.window`` is the initial window and ``config.drain`` (seconds) is
+    how long the window should take to drain at the rate the target commits.
+    """
     if config.mode == "adaptive":
         return AdaptiveController(
             initial=config.window,
@@ -224,5 +317,6 @@ def make_controller(config: Config) -> StaticController | AdaptiveController:
             maximum=config.window_max,
             batch=config.batch,
             tolerance=config.tolerance,
+            drain_s=config.drain,
         )
     return StaticController(config.window)

@@ -82,6 +82,10 @@ class Flusher:
         self.last_fsync_seconds = 0.0
         self._logged_errors: dict[int, float] = {}
 
+    def trigger(self) -> int:
+        """Dirty bytes at which a file is synced: ``batch``, or half the window if smaller."""
+        return max(1, min(self.batch, self.controller.window // 2))
+
     def poke(self) -> None:
         """Something changed (a write landed, a file closed, writers queued): look again."""
         self._wakeup.set()

@@ -205,9 +205,12 @@ class Ledger:
             if s.dirty > 0 and s.syncing == 0 and now >= s.retry_after
         ]
         ready.sort(key=lambda s: (-s.dirty, s.dirty_since or now))
+        # A window under two batches would idle the target while the writer refills it: sync
+        # once half the window is dirty instead, so one batch syncs while the next is written.
+        trigger = max(1, min(batch, window // 2))
         chosen: list[tuple[int, str]] = []
         for state in ready:
-            if state.dirty >= batch:
+            if state.dirty >= trigger:
                 chosen.append((state.nodeid, "batch"))
             elif state.released:
                 chosen.append((state.nodeid, "release"))

@@ -78,6 +78,7 @@ class Config:
     window_min: int = 16 * MiB
     window_max: int = 2 * GiB
     tolerance: float = 1.5
+    drain: float = 2.5
     # metering and ceilings
     meter: str = "efs"
     metered_limit: float = 0.0
@@ -161,6 +162,7 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "window_min": parse_size,
     "window_max": parse_size,
     "tolerance": _float,
+    "drain": parse_duration,
     "meter": _choice(METER_PROFILES),
     "metered_limit": parse_rate,
     "ops_limit": parse_rate,
@@ -225,6 +227,8 @@ def validate(config: Config) -> None:
         raise OptionError("window must lie between window_min and window_max in mode=adaptive")
     if config.tolerance < 1.0:
         raise OptionError("tolerance must be at least 1.0")
+    if config.drain <= 0:
+        raise OptionError("drain must be positive")
     if config.max_age <= 0:
         raise OptionError("max_age must be positive")
     if config.attr_timeout < 0:

@@ -77,11 +77,19 @@ def make(inodes: InodeTable, window: int, batch: int, max_age: float = 30.0):
     ledger = Ledger()
     controller = FixedWindow(window)
     holder: list[Flusher] = []
-    gate = WindowGate(ledger, lambda: controller.window, timeout=600.0,
-                      on_pressure=lambda: holder[0].poke())
+    gate = WindowGate(
+        ledger, lambda: controller.window, timeout=600.0, on_pressure=lambda: holder[0].poke()
+    )
     target = SlowTarget(ledger)
-    flusher = Flusher(ledger, gate, target, inodes, controller,  # type: ignore[arg-type]
-                      batch=batch, max_age=max_age)
+    flusher = Flusher(
+        ledger,
+        gate,
+        target,
+        inodes,
+        controller,  # type: ignore[arg-type]
+        batch=batch,
+        max_age=max_age,
+    )
     holder.append(flusher)
     return ledger, gate, flusher, target, controller
 
@@ -98,7 +106,7 @@ def test_window_is_never_exceeded_by_many_writers(table) -> None:
     window, batch = 16 * MiB, 4 * MiB
 
     async def main() -> None:
-        ledger, gate, flusher, target, _ = make(inodes, window, batch)
+        ledger, gate, flusher, _target, _ = make(inodes, window, batch)
         peak = 0
 
         async def writer(node: int) -> None:
@@ -127,7 +135,7 @@ def test_more_waiting_writers_than_worker_tasks_never_deadlock(table) -> None:
     inodes, nodes = table
 
     async def main() -> None:
-        ledger, gate, flusher, target, _ = make(inodes, 2 * MiB, MiB)
+        ledger, gate, flusher, _target, _ = make(inodes, 2 * MiB, MiB)
         done = 0
 
         async def writer(node: int) -> None:
@@ -153,7 +161,7 @@ def test_max_age_flushes_a_small_idle_file(table) -> None:
     inodes, nodes = table
 
     async def main() -> None:
-        ledger, gate, flusher, target, _ = make(inodes, 64 * MiB, 16 * MiB, max_age=30.0)
+        ledger, gate, flusher, _target, _ = make(inodes, 64 * MiB, 16 * MiB, max_age=30.0)
         reasons: list[str] = []
         flusher.on_fsync = lambda reason, s, n, e: reasons.append(reason)
         async with trio.open_nursery() as nursery:
@@ -174,7 +182,7 @@ def test_batch_trigger_overlaps_with_writing(table) -> None:
     inodes, nodes = table
 
     async def main() -> None:
-        ledger, gate, flusher, target, controller = make(inodes, 64 * MiB, 16 * MiB)
+        ledger, gate, flusher, _target, controller = make(inodes, 64 * MiB, 16 * MiB)
         overlapped = 0
         async with trio.open_nursery() as nursery:
             await nursery.start(flusher.run)
@@ -236,7 +244,7 @@ def test_failed_fsync_is_kept_and_reported_not_swallowed(table) -> None:
 
 def test_a_gate_wait_is_bounded(table) -> None:
     """A target that never commits makes writes slow, never stuck forever."""
-    inodes, nodes = table
+    _inodes, _nodes = table
 
     async def main() -> None:
         ledger = Ledger()

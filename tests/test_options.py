@@ -19,8 +19,16 @@ from fusethrottle.options import (
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("4096", 4096), ("64M", 64 * MiB), ("64m", 64 * MiB), ("1G", GiB), ("1GiB", GiB),
-     ("512K", 512 * 1024), ("1.5G", int(1.5 * GiB)), ("2MB", 2 * MiB)],
+    [
+        ("4096", 4096),
+        ("64M", 64 * MiB),
+        ("64m", 64 * MiB),
+        ("1G", GiB),
+        ("1GiB", GiB),
+        ("512K", 512 * 1024),
+        ("1.5G", int(1.5 * GiB)),
+        ("2MB", 2 * MiB),
+    ],
 )
 def test_sizes(text: str, expected: int) -> None:
     assert parse_size(text) == expected
@@ -49,15 +57,23 @@ def test_size_roundtrip(n: int, unit: str) -> None:
 def test_defaults_match_the_design() -> None:
     config = parse_options([])
     assert (config.mode, config.batch, config.window, config.max_age) == (
-        "static", 64 * MiB, 256 * MiB, 30.0)
+        "static",
+        64 * MiB,
+        256 * MiB,
+        30.0,
+    )
     assert config.writeback_cache is False
 
 
 def test_full_option_set() -> None:
-    config = parse_options(split_options([
-        "allow_other,mode=adaptive,batch=32M,window=128M",
-        "max_age=10s,attr_timeout=500ms,metrics=9100,meter=efs-legacy,ro,noatime",
-    ]))
+    config = parse_options(
+        split_options(
+            [
+                "allow_other,mode=adaptive,batch=32M,window=128M",
+                "max_age=10s,attr_timeout=500ms,metrics=9100,meter=efs-legacy,ro,noatime",
+            ]
+        )
+    )
     assert config.allow_other and config.read_only
     assert config.mode == "adaptive"
     assert (config.batch, config.window, config.max_age) == (32 * MiB, 128 * MiB, 10.0)
@@ -67,8 +83,11 @@ def test_full_option_set() -> None:
 
 
 def test_fstab_and_systemd_options_are_ignored() -> None:
-    config = parse_options(split_options(
-        ["_netdev,nofail,auto,x-systemd.requires=/mnt/nfs,x-systemd.automount,defaults,users"]))
+    config = parse_options(
+        split_options(
+            ["_netdev,nofail,auto,x-systemd.requires=/mnt/nfs,x-systemd.automount,defaults,users"]
+        )
+    )
     assert config == parse_options([])
 
 

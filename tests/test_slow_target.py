@@ -56,8 +56,9 @@ class PeakSampler:
         self._thread.join()
 
 
-def write_stream(path: Path, total: int, stop_after_growth: int | None = None,
-                 sampler: PeakSampler | None = None) -> tuple[str, int]:
+def write_stream(
+    path: Path, total: int, stop_after_growth: int | None = None, sampler: PeakSampler | None = None
+) -> tuple[str, int]:
     """Buffered 1 MiB writes of a reproducible pattern; returns (sha256, bytes written)."""
     digest = hashlib.sha256()
     block = bytearray(os.urandom(MiB))
@@ -109,7 +110,7 @@ def test_plain_passthrough_is_not_bounded(target, workdir) -> None:
     daemon = start_fusethrottle(source, mnt, ["mode=off"])
     try:
         with PeakSampler() as sampler:
-            _, written = write_stream(mnt / "backup.bin", 1024 * MiB, 400 * MiB, sampler)
+            _, _written = write_stream(mnt / "backup.bin", 1024 * MiB, 400 * MiB, sampler)
             deadline = time.monotonic() + 5
             while sampler.peak <= 400 * MiB and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -1,0 +1,287 @@
+"""Window controllers fed made-up fsync samples: one rule per test, then properties."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fusethrottle.controller import (
+    AdaptiveController,
+    StaticController,
+    make_controller,
+)
+from fusethrottle.options import parse_options
+
+MiB = 1024 * 1024
+
+
+def adaptive(**kw: object) -> AdaptiveController:
+    """The rules are tested at a round 3 s drain time, independent of the default."""
+    args: dict = dict(
+        initial=256 * MiB, minimum=16 * MiB, maximum=2048 * MiB, batch=64 * MiB, drain_s=3.0
+    )
+    args.update(kw)
+    return AdaptiveController(**args)
+
+
+class Feed:
+    """Sequential fsyncs against a target committing *rate* bytes/s (each starts as the
+    previous one ends, as one file's fsyncs do), returning the window after each."""
+
+    def __init__(self, controller: AdaptiveController | StaticController, now: float = 0.0):
+        self.controller = controller
+        self.now = now
+
+    def fsync(self, nbytes: int, rate: float, in_flight: int | None = None) -> int:
+        seconds = nbytes / rate
+        self.now += seconds
+        used = self.controller.window if in_flight is None else in_flight
+        return self.controller.on_sample(self.now, nbytes, seconds, used)
+
+    def run(self, count: int, rate: float, nbytes: int | None = None) -> int:
+        for _ in range(count):
+            size = nbytes or max(self.controller.window // 2, 1)
+            window = self.fsync(size, rate)
+        return window
+
+
+# --- static -----------------------------------------------------------------------------------
+
+
+def test_static_keeps_its_window_whatever_happens() -> None:
+    static = StaticController(256 * MiB)
+    feed = Feed(static)
+    assert feed.run(10, rate=1 * MiB) == 256 * MiB
+    assert static.on_error(feed.now, errno.EIO) == 256 * MiB
+    state = static.snapshot()
+    assert (state.mode, state.window, state.samples, state.holds) == ("static", 256 * MiB, 10, 0)
+    assert state.recent_s_per_mib == pytest.approx(1.0)  # still measured, for metrics
+
+
+def test_static_rejects_a_window_that_admits_nothing() -> None:
+    with pytest.raises(ValueError):
+        StaticController(0)
+
+
+@pytest.mark.parametrize("mode", ["off", "static"])
+def test_make_controller_off_and_static_use_the_fixed_window(mode: str) -> None:
+    controller = make_controller(parse_options([f"mode={mode}", "window=128M"]))
+    assert isinstance(controller, StaticController)
+    assert controller.window == 128 * MiB
+
+
+def test_make_controller_adaptive_takes_the_configured_bounds() -> None:
+    config = parse_options(
+        ["mode=adaptive", "window=64M", "window_min=8M", "window_max=1G", "tolerance=2"]
+    )
+    controller = make_controller(config)
+    assert isinstance(controller, AdaptiveController)
+    assert controller.window == 64 * MiB
+    assert (controller.minimum, controller.maximum) == (8 * MiB, 1024 * MiB)
+    assert controller.tolerance == 2.0
+
+
+# --- adaptive: one rule each ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drain_s", [1.0, 3.0, 10.0])
+def test_the_window_drains_in_drain_s_at_the_rate_the_target_shows(drain_s: float) -> None:
+    controller = adaptive(drain_s=drain_s)
+    window = Feed(controller).run(60, rate=50 * MiB)
+    assert window == pytest.approx(50 * MiB * drain_s, rel=0.15)
+
+
+def test_the_window_follows_the_target_down_and_back_up() -> None:
+    controller = adaptive()
+    feed = Feed(controller)
+    assert feed.run(40, rate=100 * MiB) == pytest.approx(300 * MiB, rel=0.15)
+    assert feed.run(40, rate=10 * MiB) == pytest.approx(30 * MiB, rel=0.15)
+    assert feed.run(40, rate=100 * MiB) == pytest.approx(300 * MiB, rel=0.15)
+
+
+def test_the_first_evidence_replaces_a_too_big_initial_window() -> None:
+    controller = adaptive(initial=1024 * MiB)
+    window = Feed(controller).fsync(64 * MiB, rate=20 * MiB)  # 20 MiB/s x 3 s = 60 MiB
+    assert window == pytest.approx(60 * MiB, rel=0.01)
+
+
+def test_after_warm_up_a_sudden_slowdown_cuts_at_most_half_per_sample() -> None:
+    controller = adaptive()
+    feed = Feed(controller)
+    before = feed.run(20, rate=100 * MiB)
+    after = feed.fsync(64 * MiB, rate=1 * MiB, in_flight=before)  # 64 s: also hard
+    assert after == before // 2
+    assert controller.snapshot().holds == 1
+
+
+def test_a_slow_fsync_halves_and_holds_until_a_newer_fsync_is_fast() -> None:
+    controller = adaptive(slow_fsync_s=30.0)
+    feed = Feed(controller)
+    steady = feed.run(20, rate=100 * MiB)
+    halved = controller.on_sample(feed.now + 31.0, 64 * MiB, 31.0, steady)
+    assert halved == steady // 2
+    # A fast fsync that started just before the cut answers: no growth yet.
+    assert controller.on_sample(feed.now + 31.5, 64 * MiB, 0.64, halved) == halved
+    # Fsyncs that started after the cut come back fast: growth resumes once the slow one has
+    # left the 5-sample mean.
+    feed.now += 31.5
+    assert feed.run(6, rate=100 * MiB) > halved
+
+
+@pytest.mark.parametrize("err", [errno.EIO, errno.ETIMEDOUT])
+def test_io_errors_and_timeouts_halve_the_window(err: int) -> None:
+    controller = adaptive(initial=256 * MiB)
+    assert controller.on_error(0.0, err) == 128 * MiB
+    assert controller.snapshot().holds == 1
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EDQUOT, errno.EBADF])
+def test_errors_that_say_nothing_about_speed_leave_the_window_alone(err: int) -> None:
+    controller = adaptive(initial=256 * MiB)
+    assert controller.on_error(0.0, err) == 256 * MiB
+
+
+def test_it_does_not_grow_a_window_the_writer_does_not_fill() -> None:
+    controller = adaptive(initial=32 * MiB)
+    feed = Feed(controller)
+    for _ in range(30):  # fast target, but only 4 MiB ever outstanding
+        window = feed.fsync(4 * MiB, rate=200 * MiB, in_flight=0)
+    assert window == 32 * MiB
+
+
+def test_a_tiny_fsync_among_big_ones_does_not_shrink_the_window() -> None:
+    controller = adaptive()
+    feed = Feed(controller)
+    steady = feed.run(20, rate=100 * MiB)
+    # A 4 KiB file's release fsync: 20 ms of round trip for almost no data.
+    feed.now += 0.02
+    assert controller.on_sample(feed.now, 4096, 0.02, steady) >= steady
+
+
+def test_a_stuck_window_is_unstuck_once_the_target_recovers() -> None:
+    controller = adaptive()
+    feed = Feed(controller)
+    feed.run(10, rate=100 * MiB)
+    # A crawling target: down to the minimum (plus at most the fairness step, see rule 5).
+    assert 16 * MiB <= feed.run(10, rate=0.5 * MiB) <= 1.2 * 16 * MiB
+    assert feed.run(30, rate=100 * MiB) == pytest.approx(300 * MiB, rel=0.15)
+
+
+def test_snapshot_reports_the_costs_it_steers_by() -> None:
+    controller = adaptive()
+    feed = Feed(controller)
+    feed.run(10, rate=100 * MiB)
+    feed.run(10, rate=25 * MiB)
+    state = controller.snapshot()
+    assert state.mode == "adaptive"
+    assert state.samples == 20
+    assert state.recent_s_per_mib == pytest.approx(1 / 25, rel=0.01)
+    # The best cost seen, aged slowly (it may double per half hour unrefreshed).
+    assert state.baseline_s_per_mib == pytest.approx(1 / 100, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"minimum": 0},
+        {"minimum": 2048 * MiB, "maximum": 1024 * MiB},
+        {"batch": 0},
+        {"tolerance": 0.9},
+        {"smoothing": 0.0},
+        {"drain_s": 0.0},
+    ],
+)
+def test_nonsense_settings_are_refused(kw: dict) -> None:
+    with pytest.raises(ValueError):
+        adaptive(**kw)
+
+
+# --- properties -------------------------------------------------------------------------------
+
+sizes = st.integers(0, 4 * 1024 * MiB)
+samples = st.tuples(
+    st.floats(0.0, 100.0),  # gap before the fsync started
+    sizes,  # bytes
+    st.floats(0.0, 120.0),  # seconds it took
+    sizes,  # in flight afterwards
+)
+events = st.lists(st.one_of(samples, st.sampled_from(list(errno.errorcode))), max_size=60)
+
+
+@st.composite
+def controllers(draw: st.DrawFn) -> AdaptiveController:
+    minimum = draw(st.integers(1, 256 * MiB))
+    maximum = draw(st.integers(minimum, 8 * 1024 * MiB))
+    return AdaptiveController(
+        initial=draw(st.integers(1, 16 * 1024 * MiB)),
+        minimum=minimum,
+        maximum=maximum,
+        batch=draw(st.integers(1, 1024 * MiB)),
+        tolerance=draw(st.floats(1.0, 4.0)),
+        smoothing=draw(st.floats(0.01, 1.0)),
+        slow_fsync_s=draw(st.floats(0.5, 60.0)),
+        drain_s=draw(st.floats(0.1, 30.0)),
+    )
+
+
+def play(controller: AdaptiveController, history: list) -> float:
+    """Feed *history* to *controller*, asserting the bounds after every event; returns now."""
+    now = 0.0
+    for event in history:
+        if isinstance(event, int):
+            window = controller.on_error(now, event)
+        else:
+            gap, nbytes, seconds, in_flight = event
+            now += gap + seconds
+            window = controller.on_sample(now, nbytes, seconds, in_flight)
+        assert controller.minimum <= window <= controller.maximum
+        assert window == controller.window
+    return now
+
+
+@settings(max_examples=300)
+@given(controllers(), events)
+def test_the_window_always_stays_within_its_bounds(
+    controller: AdaptiveController, history: list
+) -> None:
+    play(controller, history)
+
+
+@given(controllers(), events, sizes, st.sampled_from([None, errno.EIO, errno.ETIMEDOUT]))
+def test_a_hard_signal_always_reduces_the_window(
+    controller: AdaptiveController, history: list, nbytes: int, err: int | None
+) -> None:
+    now = play(controller, history)
+    before = controller.window
+    if err is None:
+        seconds = controller.slow_fsync_s
+        after = controller.on_sample(now + seconds, nbytes, seconds, before)
+    else:
+        after = controller.on_error(now, err)
+    assert after < before or before == controller.minimum
+
+
+@given(
+    controllers(),
+    events,
+    st.lists(
+        st.tuples(st.floats(0.0, 10.0), st.integers(1, 1024 * MiB), st.floats(0.0, 1.0), sizes),
+        min_size=1,
+        max_size=30,
+    ),
+)
+def test_a_run_of_fast_samples_never_shrinks_the_window(
+    controller: AdaptiveController, history: list, run: list
+) -> None:
+    """Fast: the fsync committed its bytes at a rate that drains the current window within
+    ``drain_s`` (and it was not a hard signal)."""
+    now = play(controller, history)
+    for gap, nbytes, fraction, in_flight in run:
+        before = controller.window
+        fastest_allowed = controller.drain_s * nbytes / before
+        seconds = min(fraction * fastest_allowed, controller.slow_fsync_s * 0.99)
+        now += gap + seconds
+        assert controller.on_sample(now, nbytes, seconds, in_flight) >= before
