@@ -58,6 +58,8 @@ def parse_args(argv: Sequence[str]) -> Config:
         i += 1
     if len(positional) != 2:
         raise UsageError("expected SOURCE and MOUNTPOINT")
+    if not all(p.strip() for p in positional):
+        raise UsageError("SOURCE and MOUNTPOINT must not be empty")
     source, mountpoint = (os.path.realpath(p) for p in positional)
     try:
         return parse_options(
