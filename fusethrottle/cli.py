@@ -194,7 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_mount(config)
     except KeyboardInterrupt:
         return 130
-    except RuntimeError as err:  # pyfuse3.init failures
+    except RuntimeError as err:  # pyfuse3.init failures, a metrics address we cannot bind
+        from .metrics import MetricsError
+
+        if isinstance(err, MetricsError):
+            return _fail(str(err))
         return _fail(f"cannot mount {config.mountpoint}: {err}")
 
 

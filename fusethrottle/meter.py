@@ -151,7 +151,9 @@ class Meter:
 
     def __init__(self, profile: MeterProfile) -> None:
         self.profile = profile
-        self._totals = MeterSnapshot()
+        # Mutable [ops, bytes, metered_bytes, units] per class: record() is on the hot path
+        # (every request to the target); snapshot() freezes them for readers.
+        self._counts: dict[OpClass, list[int]] = {op: [0, 0, 0, 0] for op in OpClass}
 
     def charge(self, op: OpClass, nbytes: int) -> Charge:
         """What a request of *nbytes* would cost; records nothing."""
@@ -165,12 +167,15 @@ class Meter:
     def record(self, op: OpClass, nbytes: int) -> Charge:
         """Charge a request that was issued and add it to the counters."""
         charge = self.charge(op, nbytes)
-        totals = self._totals[op].plus(max(int(nbytes), 0), charge)
-        self._totals = dataclasses.replace(self._totals, **{op.value: totals})
+        counts = self._counts[op]
+        counts[0] += 1
+        counts[1] += max(int(nbytes), 0)
+        counts[2] += charge.metered_bytes
+        counts[3] += charge.units
         return charge
 
     def snapshot(self) -> MeterSnapshot:
-        return self._totals
+        return MeterSnapshot(**{op.value: ClassTotals(*self._counts[op]) for op in OpClass})
 
 
 class TokenBucket:
