@@ -30,6 +30,7 @@ class GateStatistics:
     throttled_total: int
     timeouts_total: int
     wait_seconds_total: float
+    paced_total: int = 0
 
 
 class _Waiter:
@@ -40,8 +41,23 @@ class _Waiter:
         self.event = trio.Event()
 
 
+def pacing_rate(commit_rate: float, unsynced: int, window: int) -> float | None:
+    """How fast to admit writes once the window is half full; None below that (pure).
+
+    Waiting for room only at the window's edge makes a writer stop and go: the window fills in
+    a moment, then nothing moves until a whole fsync completes (many seconds on a slow target).
+    Above half the window, writes are instead spaced at a rate proportional to the room left:
+    the target's commit rate at half full, falling linearly to a tenth of it at the edge. The
+    un-synced bytes settle near half the window and every write waits a little, not a lot.
+    """
+    if window <= 0 or unsynced * 2 < window:
+        return None
+    room = max(0.0, 1.0 - unsynced / window)
+    return commit_rate * max(0.1, 2.0 * room)
+
+
 class WindowGate:
-    """Admits writes while ``ledger.unsynced + n <= window()``."""
+    """Admits writes while ``ledger.unsynced + n <= window()``, paced above half the window."""
 
     def __init__(
         self,
@@ -51,14 +67,18 @@ class WindowGate:
         enabled: bool = True,
         timeout: float = 60.0,
         on_pressure: Callable[[], None] | None = None,
+        commit_rate: Callable[[], float | None] | None = None,
     ) -> None:
         self.ledger = ledger
         self.window = window
         self.enabled = enabled
         self.timeout = timeout
         self.on_pressure = on_pressure
+        self.commit_rate = commit_rate
         self._queue: deque[_Waiter] = deque()
+        self._next_paced = 0.0
         self.throttled_total = 0
+        self.paced_total = 0
         self.timeouts_total = 0
         self.wait_seconds_total = 0.0
 
@@ -71,11 +91,34 @@ class WindowGate:
         # An empty mount always admits, so a write larger than the window still progresses.
         return unsynced == 0 or unsynced + nbytes <= self.window()
 
+    def _pace_delay(self, nbytes: int, now: float) -> float:
+        """Book the write a slot on the pacing clock; seconds until that slot."""
+        rate = self.commit_rate() if self.commit_rate is not None else None
+        if not rate:
+            return 0.0
+        pace = pacing_rate(rate, self.ledger.unsynced, self.window())
+        if pace is None:
+            self._next_paced = now
+            return 0.0
+        start = max(now, self._next_paced)
+        self._next_paced = start + nbytes / pace
+        return start - now
+
     async def admit(self, nbytes: int) -> float:
         """Reserve *nbytes* in the ledger, waiting for room; returns the seconds waited."""
-        if not self.enabled or (not self._queue and self._fits(nbytes)):
+        if not self.enabled:
             self.ledger.reserve(nbytes)
             return 0.0
+        paced = self._pace_delay(nbytes, trio.current_time())
+        if paced > 0:
+            self.paced_total += 1
+            self.wait_seconds_total += paced
+            if self.on_pressure is not None:
+                self.on_pressure()
+            await trio.sleep(paced)
+        if not self._queue and self._fits(nbytes):
+            self.ledger.reserve(nbytes)
+            return paced
         waiter = _Waiter(nbytes)
         self._queue.append(waiter)
         self.throttled_total += 1
@@ -100,7 +143,7 @@ class WindowGate:
             self.wake()
         waited = trio.current_time() - start
         self.wait_seconds_total += waited
-        return waited
+        return paced + waited
 
     def wake(self) -> None:
         """Grant queued writes, in order, while they fit. Call whenever room may have appeared."""
@@ -113,7 +156,11 @@ class WindowGate:
 
     def statistics(self) -> GateStatistics:
         return GateStatistics(
-            self.waiting, self.throttled_total, self.timeouts_total, self.wait_seconds_total
+            self.waiting,
+            self.throttled_total,
+            self.timeouts_total,
+            self.wait_seconds_total,
+            self.paced_total,
         )
 
 

@@ -181,6 +181,12 @@ class StaticController:
     def on_error(self, now: float, errno: int) -> int:
         return self._window
 
+    @property
+    def commit_rate(self) -> float | None:
+        """Bytes/s the target recently committed this mount's data at; None until measured."""
+        recent = self._costs.recent
+        return None if recent is None else MiB / recent
+
     def snapshot(self) -> ControllerState:
         costs = self._costs
         return ControllerState(
@@ -282,6 +288,12 @@ class AdaptiveController:
         if errno in HARD_ERRNOS:
             self._reduce(now)
         return self.window
+
+    @property
+    def commit_rate(self) -> float | None:
+        """Bytes/s the target recently committed this mount's data at; None until measured."""
+        recent = self._costs.recent
+        return None if recent is None else MiB / recent
 
     def snapshot(self) -> ControllerState:
         costs = self._costs

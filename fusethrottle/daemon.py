@@ -41,6 +41,7 @@ from .options import Config
 log = logging.getLogger(__name__)
 
 HANDLER_GRACE = 10.0
+STARTUP_WINDOW = 16 << 20
 
 
 @dataclass
@@ -59,6 +60,16 @@ class Mount:
     ceilings: Ceilings
 
 
+def effective_window(window: int, commit_rate: float | None) -> int:
+    """Slow start: until one fsync has shown how fast the target commits, admit little.
+
+    Without it the first write burst fills the whole window before anything is known, and the
+    first fsync (which writes back everything dirty in the file, not just one batch) then holds
+    the writer for window / target speed: ten seconds at 256 MiB and 20 MiB/s.
+    """
+    return window if commit_rate is not None else min(window, STARTUP_WINDOW)
+
+
 def build(
     config: Config, events: object | None = None, observer: Callable[[str, int], None] | None = None
 ) -> Mount:
@@ -73,12 +84,17 @@ def build(
     controller = make_controller(config)
     enforce = config.mode != "off"
     flusher_ref: list[Flusher] = []
+
+    def window() -> int:
+        return effective_window(controller.window, controller.commit_rate)
+
     gate = WindowGate(
         ledger,
-        lambda: controller.window,
+        window,
         enabled=enforce,
         timeout=config.admission_timeout,
         on_pressure=lambda: flusher_ref[0].poke() if flusher_ref else None,
+        commit_rate=lambda: controller.commit_rate,
     )
     flusher = Flusher(
         ledger,
@@ -90,6 +106,7 @@ def build(
         max_age=config.max_age,
         inject=enforce,
         on_fsync=events.fsync,  # type: ignore[attr-defined]
+        window=window,
     )
     flusher_ref.append(flusher)
     ceilings = Ceilings(

@@ -62,6 +62,7 @@ class Flusher:
         max_age: float,
         inject: bool = True,
         on_fsync: FsyncObserver | None = None,
+        window: Callable[[], int] | None = None,
     ) -> None:
         self.ledger = ledger
         self.gate = gate
@@ -72,6 +73,7 @@ class Flusher:
         self.max_age = max_age
         self.inject = inject
         self.on_fsync = on_fsync
+        self.window = window or (lambda: self.controller.window)
         self._wakeup = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._syncing: set[int] = set()
@@ -84,7 +86,7 @@ class Flusher:
 
     def trigger(self) -> int:
         """Dirty bytes at which a file is synced: ``batch``, or half the window if smaller."""
-        return max(1, min(self.batch, self.controller.window // 2))
+        return max(1, min(self.batch, self.window() // 2))
 
     def poke(self) -> None:
         """Something changed (a write landed, a file closed, writers queued): look again."""
@@ -107,9 +109,10 @@ class Flusher:
         due = self.ledger.due(
             now,
             batch=self.batch,
-            window=self.controller.window,
+            window=self.window(),
             max_age=self.max_age,
-            pressure=self.gate.waiting > 0,
+            # Writers queued or paced: keep the target busy with the largest dirty file.
+            pressure=self.gate.waiting > 0 or self.ledger.unsynced * 2 >= self.window(),
         )
         for nodeid, reason in due:
             self.start(nodeid, reason)

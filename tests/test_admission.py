@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from fusethrottle.admission import WindowGate
+from fusethrottle.admission import WindowGate, pacing_rate
 from fusethrottle.flusher import Flusher
 from fusethrottle.inodes import InodeTable
 from fusethrottle.ledger import Ledger
@@ -266,5 +266,41 @@ def test_mode_off_never_waits() -> None:
         for _ in range(10):
             assert await gate.admit(MiB) == 0.0
         assert ledger.unsynced == 10 * MiB  # still accounted
+
+    run_mock(main)
+
+
+def test_pacing_starts_at_half_the_window_and_slows_toward_the_edge() -> None:
+    rate = 20 * MiB
+    assert pacing_rate(rate, 100 * MiB, 256 * MiB) is None
+    assert pacing_rate(rate, 128 * MiB, 256 * MiB) == pytest.approx(rate)
+    assert pacing_rate(rate, 192 * MiB, 256 * MiB) == pytest.approx(rate / 2)
+    assert pacing_rate(rate, 256 * MiB, 256 * MiB) == pytest.approx(rate / 10)
+
+
+def test_paced_writer_never_stops_for_a_whole_fsync(table) -> None:
+    """Stop-and-go is what a backup sees as a multi-second freeze; pacing spreads the wait."""
+    inodes, nodes = table
+
+    async def main() -> None:
+        ledger, gate, flusher, target, controller = make(inodes, 256 * MiB, 64 * MiB)
+        target.rate = 20 * MiB
+        gate.commit_rate = lambda: 20 * MiB if controller.samples else None
+        worst = 0.0
+        async with trio.open_nursery() as nursery:
+            await nursery.start(flusher.run)
+            start = trio.current_time()
+            for _ in range(1024):
+                before = trio.current_time()
+                measured = bool(controller.samples)  # the commit rate is known
+                await write(ledger, gate, flusher, nodes[0], MiB)
+                if measured:
+                    worst = max(worst, trio.current_time() - before)
+            elapsed = trio.current_time() - start
+            await flusher.flush_all()
+            nursery.cancel_scope.cancel()
+        assert worst < 1.0, f"a write waited {worst:.1f} s"
+        assert gate.paced_total > 500
+        assert 1024 * MiB / elapsed > 0.9 * 20 * MiB  # pacing costs no throughput
 
     run_mock(main)
