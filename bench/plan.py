@@ -1,0 +1,309 @@
+"""What one invocation runs: targets x workloads x repeats x arms, parsed and validated up front.
+
+Pure (no I/O): a typo in ``--arms`` or ``--schedule`` must fail in a millisecond with one line,
+not after a loop device was built and two arms ran.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+class PlanError(ValueError):
+    """A user mistake on the command line; ``str(err)`` is the one line to print."""
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*$")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|)\s*$")
+_UNITS = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1024 * GiB}
+_SECONDS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_size(text: str) -> int:
+    """``64M`` -> 67108864 (binary units, like fusethrottle's own options)."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise PlanError(f"not a size: {text!r} (examples: 4096, 64M, 1G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_duration(text: str) -> float:
+    """``500ms`` -> 0.5, ``30s`` -> 30.0; a bare number is seconds."""
+    m = _DURATION_RE.match(text)
+    if not m:
+        raise PlanError(f"not a duration: {text!r} (examples: 500ms, 30s, 2m)")
+    return float(m.group(1)) * _SECONDS[m.group(2)]
+
+
+def format_size(n: float) -> str:
+    """Short binary size for labels: 67108864 -> ``64M``."""
+    for unit, scale in (("G", GiB), ("M", MiB), ("K", KiB)):
+        if n >= scale and n % scale == 0:
+            return f"{int(n // scale)}{unit}"
+    return str(int(n))
+
+
+# --- the target's write rate over time -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RateStep:
+    """Hold the target at ``rate`` bytes/s for ``seconds``. None: unthrottled; 0: stalled."""
+
+    rate: int | None
+    seconds: float
+
+
+def parse_schedule(text: str) -> tuple[RateStep, ...]:
+    """``"20M:30s,1M:60s,0:30s"`` -> steps; a lone ``"20M"`` holds for ever.
+
+    ``0`` stalls the target (a hung NFS server); ``none`` removes the throttle. The last rate is
+    held after the schedule ends, so a run longer than the schedule never speeds up by surprise.
+    """
+    steps: list[RateStep] = []
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise PlanError("empty --schedule")
+    for i, part in enumerate(parts):
+        rate_text, colon, dur_text = part.partition(":")
+        rate = None if rate_text.lower() in ("none", "off") else parse_size(rate_text)
+        if colon:
+            seconds = parse_duration(dur_text)
+            if seconds <= 0:
+                raise PlanError(f"schedule step {part!r}: duration must be positive")
+        elif i == len(parts) - 1:
+            seconds = math.inf
+        else:
+            raise PlanError(f"schedule step {part!r} needs a duration (RATE:DURATION)")
+        steps.append(RateStep(rate, seconds))
+    return tuple(steps)
+
+
+def schedule_seconds(steps: tuple[RateStep, ...]) -> float:
+    """Length of the finite part of a schedule (0 for a single held rate)."""
+    return sum(s.seconds for s in steps if math.isfinite(s.seconds))
+
+
+def format_schedule(steps: tuple[RateStep, ...]) -> str:
+    """Inverse of :func:`parse_schedule`, for labels and run.json."""
+    out = []
+    for s in steps:
+        rate = "none" if s.rate is None else format_size(s.rate)
+        out.append(rate if math.isinf(s.seconds) else f"{rate}:{s.seconds:g}s")
+    return ",".join(out)
+
+
+# --- arms ---------------------------------------------------------------------------------------
+
+ARM_KINDS = ("idle", "direct", "direct-fsync", "direct-bdi", "ft-off", "ft-static", "ft-adaptive")
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One way of running the backup. ``param`` refines it: the fsync interval for direct-fsync,
+    max_bytes for direct-bdi, extra ``-o`` options for the ft-* arms."""
+
+    kind: str
+    param: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.kind if not self.param else f"{self.kind}:{self.param}"
+
+    @property
+    def is_fusethrottle(self) -> bool:
+        return self.kind.startswith("ft-")
+
+    @property
+    def ft_mode(self) -> str:
+        return self.kind.removeprefix("ft-")
+
+    def fsync_every(self) -> int:
+        """Bytes between the writer's own fsyncs in the direct-fsync arm (the published fix)."""
+        return parse_size(self.param) if self.param else 100 * 1000 * 1000
+
+    def bdi_max_bytes(self) -> int:
+        return parse_size(self.param) if self.param else 64 * MiB
+
+
+def parse_arms(text: str) -> tuple[ArmSpec, ...]:
+    """``"idle,direct,ft-static:window=128M"`` -> specs (order kept, duplicates refused)."""
+    arms: list[ArmSpec] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        kind, _, param = part.partition(":")
+        if kind not in ARM_KINDS:
+            raise PlanError(f"unknown arm {kind!r} (known: {', '.join(ARM_KINDS)})")
+        arm = ArmSpec(kind, param)
+        if kind == "direct-fsync" and param:
+            parse_size(param)
+        if kind == "direct-bdi" and param:
+            parse_size(param)
+        if kind in ("idle", "direct") and param:
+            raise PlanError(f"arm {kind} takes no parameter")
+        if arm in arms:
+            raise PlanError(f"arm {part!r} given twice")
+        arms.append(arm)
+    if not arms:
+        raise PlanError("no arms given")
+    # ft-static:a and ft-static:b are both allowed, but then labels must differ (they do).
+    return tuple(arms)
+
+
+# --- workloads ----------------------------------------------------------------------------------
+
+WORKLOAD_KINDS = {
+    # name: (default size, what it is)
+    "seq": (1 * GiB, "one file, buffered 1 MiB write() calls (a streaming backup)"),
+    "small4k": (256 * MiB, "one file, buffered 4 KiB write() calls"),
+    "small10k": (256 * MiB, "one file, buffered 10 KiB write() calls (tar's record size)"),
+    "tree": (
+        256 * MiB,
+        "tar | tar: a generated tree of many small files extracted onto the target",
+    ),
+    "tarball": (256 * MiB, "tar -cf onto the target of a generated tree (10 KiB records)"),
+    "fio": (1 * GiB, "fio: sequential buffered 1 MiB writes, psync engine"),
+    "fio-rand": (256 * MiB, "fio: random buffered writes of 4-64 KiB into one file"),
+    "dd4k": (1 * GiB, "dd if=/dev/zero bs=4k"),
+    "dd128k": (1 * GiB, "dd if=/dev/zero bs=128k"),
+    "dd1m": (1 * GiB, "dd if=/dev/zero bs=1M"),
+    "files": (10_000, "create N small files (N, not bytes), then ls -lR the tree"),
+}
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A backup job. ``size`` is bytes (a file count for ``files``); ``duration`` caps the
+    writer in seconds (0: no cap) so a rate schedule can define the run's length."""
+
+    kind: str
+    size: int
+    duration: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.kind
+
+    @property
+    def block(self) -> int:
+        return {"seq": MiB, "small4k": 4 * KiB, "small10k": 10 * KiB}.get(self.kind, MiB)
+
+
+def parse_workloads(text: str, default_size: int | None = None) -> tuple[WorkloadSpec, ...]:
+    """``"seq:2G,tree"`` -> specs; ``default_size`` replaces the built-in size where none given."""
+    out: list[WorkloadSpec] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        kind, colon, size_text = part.partition(":")
+        if kind not in WORKLOAD_KINDS:
+            raise PlanError(f"unknown workload {kind!r} (known: {', '.join(WORKLOAD_KINDS)})")
+        if colon:
+            size = parse_size(size_text)
+        elif default_size is not None and kind != "files":
+            size = default_size
+        else:
+            size = WORKLOAD_KINDS[kind][0]
+        if size <= 0:
+            raise PlanError(f"workload {part!r}: size must be positive")
+        if any(w.kind == kind for w in out):
+            raise PlanError(f"workload {kind!r} given twice")
+        out.append(WorkloadSpec(kind, size))
+    if not out:
+        raise PlanError("no workloads given")
+    return tuple(out)
+
+
+def fsync_skip_reason(workload: WorkloadSpec) -> str | None:
+    """Why a workload cannot fsync every N bytes itself (None when it can)."""
+    if workload.kind in ("seq", "small4k", "small10k", "fio", "fio-rand"):
+        return None
+    return f"{workload.kind} has no way to fsync every N bytes in the writer"
+
+
+# --- targets ------------------------------------------------------------------------------------
+
+BUILTIN_TARGETS = ("loop", "tmpfs", "rootdir")
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Where the backup goes: the built-in throttled loop device, a private tmpfs, a fresh
+    directory on the root filesystem, or the user's own mount (``path``)."""
+
+    kind: str
+    path: str = ""
+    schedule: tuple[RateStep, ...] = (RateStep(20 * MiB, math.inf),)
+    image_size: int = 8 * GiB
+
+    @property
+    def label(self) -> str:
+        if self.kind == "loop":
+            return f"loop@{format_schedule(self.schedule)}"
+        return self.kind if self.kind != "path" else self.path
+
+
+def parse_target(text: str) -> TargetSpec:
+    """``loop``/``tmpfs``/``rootdir`` are built in; anything containing ``/`` is a directory."""
+    if text in BUILTIN_TARGETS:
+        return TargetSpec(text)
+    if "/" not in text:
+        raise PlanError(
+            f"--target {text!r}: use one of {', '.join(BUILTIN_TARGETS)} or a directory path "
+            "(write ./NAME for a relative one)"
+        )
+    return TargetSpec("path", path=text)
+
+
+# --- the whole invocation -----------------------------------------------------------------------
+
+VICTIMS = ("fdatasync", "buffered", "none")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one ``bench run`` does, after presets and flags are merged."""
+
+    preset: str
+    scale: str  # full | quick | smoke
+    targets: tuple[TargetSpec, ...]
+    workloads: tuple[WorkloadSpec, ...]
+    arms: tuple[ArmSpec, ...]
+    repeats: int = 1
+    victim: str = "fdatasync"
+    victim_interval: float = 0.010
+    cgroup_mem: int = 0  # 0: no shared memory cgroup
+    daemon_in_cgroup: bool = True
+    idle_seconds: float = 30.0
+    ft_options: str = "batch=64M,window=256M"
+    metrics: bool = True
+    sample_interval: float = 0.25
+    lead_seconds: float = 1.0
+    tail_seconds: float = 1.0
+    tree_files_hint: int = 0  # 0: derived from the tree size
+    verify: bool = False
+    plots: bool = True
+    daemon_stop_timeout: float = 600.0  # SIGTERM flushes; a stalled target may take this long
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def needs_root(self) -> list[str]:
+        """Reasons this plan needs root; empty when an unprivileged user can run it."""
+        why = [f"the built-in {t.kind} target" for t in self.targets if t.kind != "path"]
+        if self.cgroup_mem:
+            why.append("the shared memory cgroup (--cgroup-mem)")
+        return why
+
+    def cells_per_repeat(self) -> int:
+        return len(self.targets) * len(self.workloads) * len(self.arms)
+
+
+def with_schedule(targets: tuple[TargetSpec, ...], steps: tuple[RateStep, ...]) -> tuple:
+    """Apply a rate schedule to the loop targets (the only ones the harness can throttle)."""
+    return tuple(replace(t, schedule=steps) if t.kind == "loop" else t for t in targets)

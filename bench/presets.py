@@ -1,0 +1,199 @@
+"""Named experiments, each at three scales: full (the numbers for a note), quick (under five
+minutes on two cores) and smoke (seconds, for CI). Command-line flags override any field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from bench.plan import (
+    GiB,
+    MiB,
+    Plan,
+    PlanError,
+    parse_arms,
+    parse_schedule,
+    parse_target,
+    parse_workloads,
+    schedule_seconds,
+    with_schedule,
+)
+
+ALL_ARMS = "idle,direct,direct-fsync,direct-bdi,ft-off,ft-static,ft-adaptive"
+SCALES = ("full", "quick", "smoke")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Per-scale values are dicts keyed by scale name."""
+
+    about: str
+    targets: tuple[str, ...]
+    schedule: dict[str, str]
+    workloads: dict[str, str]
+    arms: dict[str, str]
+    repeats: dict[str, int]
+    victim: str
+    cgroup_mem: dict[str, int]
+    idle: dict[str, float]
+    duration_from_schedule: bool = False
+    extra: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    "victim": Preset(
+        about=(
+            "issue 3's victim scenario: a 4 KiB write+fdatasync neighbour on the root disk in the "
+            "same memory cgroup as a buffered 1 MiB backup onto the 20 MiB/s loop target"
+        ),
+        targets=("loop",),
+        schedule={"full": "20M", "quick": "20M", "smoke": "64M"},
+        workloads={"full": "seq:1200M", "quick": "seq:640M", "smoke": "seq:24M,tree:4M"},
+        arms={"full": ALL_ARMS, "quick": ALL_ARMS, "smoke": ALL_ARMS},
+        repeats={"full": 2, "quick": 1, "smoke": 1},
+        victim="fdatasync",
+        cgroup_mem={"full": 1 * GiB, "quick": 384 * MiB, "smoke": 256 * MiB},
+        idle={"full": 60.0, "quick": 15.0, "smoke": 1.0},
+    ),
+    "degrade": Preset(
+        about=(
+            "a degrading, stalled and recovering target: the backup writes for the length of "
+            "the rate schedule, with the neighbour in its memory cgroup"
+        ),
+        targets=("loop",),
+        schedule={
+            "full": "20M:30s,2M:60s,0:30s,20M:30s",
+            "quick": "20M:10s,2M:10s,0:5s,20M:10s",
+            "smoke": "64M:1s,8M:1s,0:1s,64M:1s",
+        },
+        workloads={"full": "seq:64G", "quick": "seq:64G", "smoke": "seq:64G"},
+        arms={
+            "full": ALL_ARMS,
+            "quick": "direct,direct-fsync,direct-bdi,ft-static,ft-adaptive",
+            "smoke": "direct,ft-static",
+        },
+        repeats={"full": 1, "quick": 1, "smoke": 1},
+        victim="fdatasync",
+        cgroup_mem={"full": 1 * GiB, "quick": 512 * MiB, "smoke": 256 * MiB},
+        idle={"full": 150.0, "quick": 35.0, "smoke": 1.0},
+        duration_from_schedule=True,
+    ),
+    "fast": Preset(
+        about=(
+            "a healthy fast target (ext4 image on the root disk, no throttle): what throttling "
+            "costs when the target keeps up"
+        ),
+        targets=("loop",),
+        schedule={"full": "none", "quick": "none", "smoke": "none"},
+        workloads={"full": "seq:4G", "quick": "seq:1G", "smoke": "seq:32M"},
+        arms={
+            "full": "direct,direct-fsync,ft-off,ft-static,ft-adaptive",
+            "quick": "direct,direct-fsync,ft-off,ft-static,ft-adaptive",
+            "smoke": "direct,direct-fsync,ft-off,ft-static",
+        },
+        repeats={"full": 3, "quick": 1, "smoke": 1},
+        victim="none",
+        cgroup_mem={"full": 0, "quick": 0, "smoke": 0},
+        idle={"full": 10.0, "quick": 5.0, "smoke": 1.0},
+    ),
+    "passthrough": Preset(
+        about=(
+            "issue 2's report: 1 GiB dd at 4K/128K/1M and 10,000 small files + ls -lR onto "
+            "tmpfs and ext4, native vs fusethrottle mode=off, MiB/s and CPU-s per GiB"
+        ),
+        targets=("tmpfs", "rootdir"),
+        schedule={"full": "none", "quick": "none", "smoke": "none"},
+        workloads={
+            "full": "dd4k:1G,dd128k:1G,dd1m:1G,files:10000",
+            "quick": "dd4k:256M,dd128k:256M,dd1m:256M,files:10000",
+            "smoke": "dd4k:4M,dd1m:16M,files:200",
+        },
+        arms={"full": "direct,ft-off", "quick": "direct,ft-off", "smoke": "direct,ft-off"},
+        repeats={"full": 3, "quick": 1, "smoke": 1},
+        victim="none",
+        cgroup_mem={"full": 0, "quick": 0, "smoke": 0},
+        idle={"full": 10.0, "quick": 5.0, "smoke": 1.0},
+    ),
+}
+
+
+def build_plan(
+    preset_name: str,
+    scale: str,
+    *,
+    targets: list[str] | None = None,
+    schedule: str | None = None,
+    workloads: str | None = None,
+    size: int | None = None,
+    arms: str | None = None,
+    repeats: int | None = None,
+    victim: str | None = None,
+    victim_interval: float | None = None,
+    cgroup_mem: int | None = None,
+    daemon_in_cgroup: bool | None = None,
+    idle: float | None = None,
+    ft_options: str | None = None,
+    metrics: bool = True,
+    image_size: int | None = None,
+    plots: bool = True,
+    verify: bool | None = None,
+) -> Plan:
+    """Merge a preset at a scale with the user's overrides into a validated :class:`Plan`."""
+    if preset_name not in PRESETS:
+        raise PlanError(f"unknown preset {preset_name!r} (known: {', '.join(PRESETS)})")
+    p = PRESETS[preset_name]
+    steps = parse_schedule(schedule or p.schedule[scale])
+    target_specs = tuple(parse_target(t) for t in (targets or p.targets))
+    if schedule and not any(t.kind == "loop" for t in target_specs):
+        raise PlanError("--schedule throttles the built-in loop target only (--target loop)")
+    target_specs = with_schedule(target_specs, steps)
+    if image_size:
+        target_specs = tuple(replace(t, image_size=image_size) for t in target_specs)
+    elif scale == "smoke":
+        target_specs = tuple(replace(t, image_size=1 * GiB) for t in target_specs)
+    wl = parse_workloads(workloads or p.workloads[scale], size)
+    if p.duration_from_schedule and not workloads and not size:
+        seconds = schedule_seconds(steps)
+        if seconds <= 0:
+            raise PlanError(f"preset {preset_name} needs a schedule with durations")
+        wl = tuple(replace(w, duration=seconds) for w in wl)
+    n = p.repeats[scale] if repeats is None else repeats
+    if n < 1:
+        raise PlanError("--repeats must be at least 1")
+    smoke = scale == "smoke"
+    return Plan(
+        preset=preset_name,
+        scale=scale,
+        targets=target_specs,
+        workloads=wl,
+        arms=parse_arms(arms or p.arms[scale]),
+        repeats=n,
+        victim=victim or p.victim,
+        victim_interval=victim_interval
+        if victim_interval is not None
+        else (0.02 if smoke else 0.01),
+        cgroup_mem=p.cgroup_mem[scale] if cgroup_mem is None else cgroup_mem,
+        daemon_in_cgroup=True if daemon_in_cgroup is None else daemon_in_cgroup,
+        idle_seconds=p.idle[scale] if idle is None else idle,
+        ft_options=ft_options if ft_options is not None else "batch=64M,window=256M",
+        metrics=metrics,
+        lead_seconds=0.3 if smoke else 1.0,
+        tail_seconds=0.3 if smoke else 1.0,
+        verify=smoke if verify is None else verify,
+        daemon_stop_timeout=60.0 if smoke else 600.0,
+        plots=plots,
+    )
+
+
+def describe() -> str:
+    lines = []
+    for name, p in PRESETS.items():
+        lines.append(f"{name}: {p.about}")
+        for scale in SCALES:
+            cg = f"{p.cgroup_mem[scale] // MiB}M" if p.cgroup_mem[scale] else "none"
+            lines.append(
+                f"  {scale:5s} targets={','.join(p.targets)} rate={p.schedule[scale]} "
+                f"workloads={p.workloads[scale]} arms={p.arms[scale]} repeats={p.repeats[scale]} "
+                f"victim={p.victim} cgroup={cg}"
+            )
+    return "\n".join(lines)

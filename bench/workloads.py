@@ -1,0 +1,288 @@
+"""The backup jobs: what runs, with which arguments, and how its own report is read back.
+
+Every job is one or more child processes started in the shared memory cgroup when there is one.
+The sampler is told which process is "the writer" so it can follow its write() progress
+(/proc/PID/io wchar) — the application's view, which the report sets against the device's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.plan import ArmSpec, MiB, WorkloadSpec, fsync_skip_reason
+from bench.system import BenchError, Child, Teardown, start
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkloadResult:
+    """What the backup did, in its own terms."""
+
+    bytes: int = 0
+    files: int = 0
+    seconds: float = float("nan")  # from first exec to last exit: the backup's wall time
+    cpu_s: float = 0.0  # user+system of every process of the job (wait4)
+    write_p50: float | None = None
+    write_p99: float | None = None
+    write_max: float | None = None
+    writes_over_1s: int | None = None
+    fsyncs: int | None = None
+    fsync_max: float | None = None
+    verified: bool | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class JobContext:
+    """What every job needs from the harness."""
+
+    teardown: Teardown
+    scratch: Path  # tmpfs directory for logs
+    python: list[str]  # command prefix that runs a bench module
+    env: dict[str, str]
+    cgroup_procs: str | None
+    set_writer_pid: Callable[[int | None], None]
+    tree_source: Callable[[int], tuple[Path, int, int]]  # size -> (dir, files, bytes)
+    verify: bool = False
+
+
+def skip_reason(workload: WorkloadSpec, arm: ArmSpec) -> str | None:
+    """Why this workload cannot run in this arm (None: it can)."""
+    if arm.kind == "direct-fsync":
+        return fsync_skip_reason(workload)
+    return None
+
+
+def run_workload(
+    workload: WorkloadSpec, arm: ArmSpec, dest: Path, ctx: JobContext
+) -> WorkloadResult:
+    """Run the job into *dest* (a directory on the target or on the fusethrottle mount)."""
+    kind = workload.kind
+    if kind in ("seq", "small4k", "small10k"):
+        return _stream(workload, arm, dest, ctx)
+    if kind in ("fio", "fio-rand"):
+        return _fio(workload, arm, dest, ctx)
+    if kind in ("tree", "tarball"):
+        return _tar(workload, dest, ctx)
+    if kind.startswith("dd"):
+        return _dd(workload, dest, ctx)
+    if kind == "files":
+        return _files(workload, dest, ctx)
+    raise BenchError(f"no runner for workload {kind}")
+
+
+def _wait(child: Child, ctx: JobContext, what: str) -> int:
+    code = child.wait()
+    ctx.teardown.forget(child.key)
+    if code != 0:
+        raise BenchError(f"{what} exited with status {code}")
+    return code
+
+
+def _run_one(name: str, cmd: list[str], ctx: JobContext, out: Path | None = None) -> Child:
+    child = start(
+        name,
+        cmd,
+        teardown=ctx.teardown,
+        cgroup_procs=ctx.cgroup_procs,
+        stdout=out,
+        stderr=ctx.scratch / f"{name}.err",
+        env=ctx.env,
+    )
+    ctx.set_writer_pid(child.pid)
+    return child
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text().strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def _stream(workload: WorkloadSpec, arm: ArmSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
+    out = ctx.scratch / "writer.out"
+    cmd = [*ctx.python, "bench.writer", "stream", "--path", str(dest / "backup.bin")]
+    cmd += ["--size", str(workload.size), "--block", str(workload.block)]
+    cmd += ["--log", str(ctx.scratch / "writer.jsonl")]
+    if arm.kind == "direct-fsync":
+        cmd += ["--fsync-every", str(arm.fsync_every())]
+    if workload.duration > 0:
+        cmd += ["--duration", str(workload.duration)]
+    if ctx.verify:
+        cmd.append("--verify")
+    child = _run_one("writer", cmd, ctx, out)
+    code = child.wait()
+    ctx.teardown.forget(child.key)
+    if code != 0:
+        raise BenchError(f"writer exited {code}: {_tail(ctx.scratch / 'writer.err')}")
+    rep = json.loads(out.read_text().strip().splitlines()[-1])
+    return WorkloadResult(
+        bytes=rep["bytes"],
+        files=1,
+        seconds=rep["seconds"],
+        cpu_s=child.cpu_seconds or 0.0,
+        write_p50=rep["write_p50"],
+        write_p99=rep["write_p99"],
+        write_max=rep["write_max"],
+        writes_over_1s=rep["writes_over_1s"],
+        fsyncs=rep["fsyncs"],
+        fsync_max=rep["fsync_max"],
+        verified=rep.get("verified"),
+        extra={"close_s": rep["close_seconds"]},
+    )
+
+
+def _fio(workload: WorkloadSpec, arm: ArmSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
+    out = ctx.scratch / "fio.json"
+    cmd = ["fio", "--name=backup", f"--directory={dest}", f"--size={workload.size}"]
+    cmd += ["--ioengine=psync", "--thread", "--output-format=json", f"--output={out}"]
+    if workload.kind == "fio":
+        cmd += ["--rw=write", "--bs=1M"]
+        writes_per_fsync = max(1, arm.fsync_every() // MiB)
+    else:
+        cmd += ["--rw=randwrite", "--bsrange=4k-64k", "--randrepeat=1"]
+        writes_per_fsync = max(1, arm.fsync_every() // (34 * 1024))  # mean block ~34 KiB
+    if arm.kind == "direct-fsync":
+        cmd.append(f"--fsync={writes_per_fsync}")
+    if workload.duration > 0:
+        cmd.append(f"--runtime={workload.duration:g}")
+    t0 = time.monotonic()
+    child = _run_one("fio", cmd, ctx)
+    code = child.wait()
+    ctx.teardown.forget(child.key)
+    seconds = time.monotonic() - t0
+    if code != 0:
+        raise BenchError(f"fio exited {code}: {_tail(ctx.scratch / 'fio.err')}")
+    job = json.loads(out.read_text())["jobs"][0]["write"]
+    clat = job.get("clat_ns", {})
+    pct = clat.get("percentile", {})
+    ns = 1e-9
+    runtime = job.get("runtime", 0) / 1000  # ms of I/O, without fio's own start-up
+    return WorkloadResult(
+        bytes=int(job["io_bytes"]),
+        files=1,
+        seconds=runtime if runtime > 0 else seconds,
+        cpu_s=child.cpu_seconds or 0.0,
+        write_p50=pct.get("50.000000", 0) * ns if pct else None,
+        write_p99=pct.get("99.000000", 0) * ns if pct else None,
+        write_max=clat.get("max", 0) * ns if clat else None,
+    )
+
+
+def _tar(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
+    src, files, total = ctx.tree_source(workload.size)
+    t0 = time.monotonic()
+    if workload.kind == "tarball":
+        archive = dest / "backup.tar"
+        child = _run_one("tar", ["tar", "-C", str(src), "-cf", str(archive), "."], ctx)
+        _wait(child, ctx, "tar -c")
+        seconds = time.monotonic() - t0
+        return WorkloadResult(
+            bytes=archive.stat().st_size, files=files, seconds=seconds, cpu_s=child.cpu_seconds or 0
+        )
+    target = dest / "tree"
+    target.mkdir()
+    reader = start(
+        "tar-c",
+        ["tar", "-C", str(src), "-cf", "-", "."],
+        teardown=ctx.teardown,
+        cgroup_procs=ctx.cgroup_procs,
+        stdout=subprocess.PIPE,
+        stderr=ctx.scratch / "tar-c.err",
+    )
+    writer = start(
+        "tar-x",
+        ["tar", "-C", str(target), "-xf", "-"],
+        teardown=ctx.teardown,
+        cgroup_procs=ctx.cgroup_procs,
+        stdin=reader.popen.stdout,
+        stderr=ctx.scratch / "tar-x.err",
+    )
+    if reader.popen.stdout is not None:
+        reader.popen.stdout.close()
+    ctx.set_writer_pid(writer.pid)
+    _wait(writer, ctx, f"tar -x ({_tail(ctx.scratch / 'tar-x.err')})")
+    _wait(reader, ctx, "tar -c")
+    seconds = time.monotonic() - t0
+    cpu = (reader.cpu_seconds or 0.0) + (writer.cpu_seconds or 0.0)
+    return WorkloadResult(bytes=total, files=files, seconds=seconds, cpu_s=cpu)
+
+
+def _dd(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
+    bs = {"dd4k": 4096, "dd128k": 128 * 1024, "dd1m": MiB}[workload.kind]
+    count = max(1, workload.size // bs)
+    cmd = ["dd", "if=/dev/zero", f"of={dest / 'dd.bin'}", f"bs={bs}", f"count={count}"]
+    cmd.append("status=none")
+    t0 = time.monotonic()
+    child = _run_one("dd", cmd, ctx)
+    _wait(child, ctx, "dd")
+    return WorkloadResult(
+        bytes=bs * count,
+        files=1,
+        seconds=time.monotonic() - t0,
+        cpu_s=child.cpu_seconds or 0.0,
+    )
+
+
+def _files(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
+    count = workload.size
+    out = ctx.scratch / "files.out"
+    cmd = [*ctx.python, "bench.writer", "files", "--dir", str(dest / "files")]
+    cmd += ["--count", str(count)]
+    t0 = time.monotonic()
+    child = _run_one("files", cmd, ctx, out)
+    _wait(child, ctx, "small-file writer")
+    rep = json.loads(out.read_text().strip().splitlines()[-1])
+    t1 = time.monotonic()
+    ls = _run_one("ls", ["ls", "-lR", str(dest / "files")], ctx)
+    _wait(ls, ctx, "ls -lR")
+    ls_seconds = time.monotonic() - t1
+    return WorkloadResult(
+        bytes=rep["bytes"],
+        files=count,
+        seconds=time.monotonic() - t0,
+        cpu_s=(child.cpu_seconds or 0.0) + (ls.cpu_seconds or 0.0),
+        extra={"create_s": rep["seconds"], "ls_s": ls_seconds},
+    )
+
+
+# --- the tree that tar backs up ----------------------------------------------------------------
+
+
+def make_tree(root: Path, size: int, seed: int = 7) -> tuple[int, int]:
+    """Generate a source tree of about *size* bytes on tmpfs: mostly small files, a few large.
+
+    The mix (70% 1-16 KiB, 25% 16-256 KiB, 5% 256 KiB-2 MiB) is a home directory or a source
+    tree, where per-file metadata costs as much as the data. Returns (files, bytes).
+    """
+    rng = random.Random(seed)
+    pool = rng.randbytes(4 * MiB)
+    files = 0
+    total = 0
+    while total < size:
+        r = rng.random()
+        if r < 0.70:
+            n = rng.randint(1024, 16 * 1024)
+        elif r < 0.95:
+            n = rng.randint(16 * 1024, 256 * 1024)
+        else:
+            n = rng.randint(256 * 1024, 2 * MiB)
+        n = min(n, size - total) or 1
+        d = root / f"d{files // 10000:02d}" / f"e{files // 100 % 100:02d}"
+        if files % 100 == 0:
+            d.mkdir(parents=True, exist_ok=True)
+        off = rng.randrange(len(pool) - n) if n < len(pool) else 0
+        (d / f"f{files:06d}.dat").write_bytes(pool[off : off + n])
+        files += 1
+        total += n
+    return files, total
