@@ -19,6 +19,7 @@ account for it the way EFS bills it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -107,13 +108,28 @@ def _owner_for(dir_fd: int, uid: int, gid: int) -> tuple[int, int]:
 def _create_file(
     dir_fd: int, name: bytes, flags: int, mode: int, owner: tuple[int, int] | None
 ) -> tuple[int, Created]:
+    """Create *name* and open it; a name that exists already is never taken over.
+
+    The kernel sends CREATE only after its own lookup missed. If the name exists now (another
+    NFS client made it in between), opening it here would skip the kernel's permission check
+    and chown someone else's file to the caller. ESTALE makes the kernel look the name up again
+    and open the existing file the normal way; O_EXCL callers get their EEXIST.
+    """
     if owner is not None:
         owner = _owner_for(dir_fd, *owner)
-    fd = os.open(name, flags | os.O_CREAT | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        fd = os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        if flags & os.O_EXCL:
+            raise
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE)) from None
     try:
         path_fd = os.open(proc_path(fd), O_PATH | os.O_CLOEXEC)
         try:
-            st = _own(path_fd, os.fstat(fd), owner, mode)
+            st = os.fstat(fd)
+            # A target that refuses chown (e.g. NFS root_squash) keeps what it made, as in _make.
+            with contextlib.suppress(PermissionError):
+                st = _own(path_fd, st, owner, mode)
         except BaseException:
             os.close(path_fd)
             raise

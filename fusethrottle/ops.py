@@ -471,7 +471,7 @@ class Operations(pyfuse3.Operations):
         self.ledger.written(nodeid, size, written, trio.current_time())
         self.events.bytes_written(written)
         state = self.ledger.file(nodeid)
-        if state is not None and state.dirty >= self.batch:
+        if state is not None and state.dirty >= self.flusher.trigger():
             self.flusher.poke()
         if written != size:
             self.gate.wake()

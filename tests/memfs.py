@@ -1,0 +1,182 @@
+"""A tiny in-memory pyfuse3 filesystem that stands in for the target in mount tests.
+
+Two things a plain directory cannot do: it writes every fsync it receives (and every write) to a
+log file outside itself, so a test can see that an fsync issued on the fusethrottle mount
+reached the target; and it can be frozen with SIGSTOP, so every request into it hangs exactly
+like a dead NFS server.
+
+Run as ``python memfs.py MOUNTPOINT LOGFILE``; SIGTERM or ``fusermount3 -u`` ends it. Only what
+the tests need is implemented; everything else answers ENOSYS.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pyfuse3
+import trio
+
+
+@dataclass
+class Node:
+    mode: int
+    name: bytes
+    data: bytearray = field(default_factory=bytearray)
+    children: dict[bytes, int] = field(default_factory=dict)
+    nlink: int = 1
+    mtime_ns: int = field(default_factory=time.time_ns)
+
+
+class MemFS(pyfuse3.Operations):
+    def __init__(self, log_path: str) -> None:
+        super().__init__()
+        self.nodes: dict[int, Node] = {pyfuse3.ROOT_INODE: Node(stat.S_IFDIR | 0o755, b"", nlink=2)}
+        self.next_ino = pyfuse3.ROOT_INODE + 1
+        self.log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the fs
+
+    def record(self, *words: object) -> None:
+        self.log.write(" ".join(str(w) for w in words) + "\n")
+
+    def _attr(self, ino: int) -> pyfuse3.EntryAttributes:
+        node = self._node(ino)
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = ino
+        attr.st_mode = node.mode
+        attr.st_nlink = node.nlink
+        attr.st_uid = os.getuid()
+        attr.st_gid = os.getgid()
+        attr.st_size = len(node.data)
+        attr.st_blksize = 4096
+        attr.st_blocks = (len(node.data) + 511) // 512
+        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = node.mtime_ns
+        attr.attr_timeout = attr.entry_timeout = 0.0
+        return attr
+
+    def _node(self, ino: int) -> Node:
+        try:
+            return self.nodes[ino]
+        except KeyError:
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
+
+    def _new(self, parent: int, name: bytes, mode: int) -> int:
+        directory = self._node(parent)
+        if name in directory.children:
+            raise pyfuse3.FUSEError(errno.EEXIST)
+        ino = self.next_ino
+        self.next_ino += 1
+        self.nodes[ino] = Node(mode, name, nlink=2 if stat.S_ISDIR(mode) else 1)
+        directory.children[name] = ino
+        return ino
+
+    async def lookup(self, parent_inode, name, ctx=None):
+        ino = self._node(parent_inode).children.get(name)
+        if ino is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attr(ino)
+
+    async def getattr(self, inode, ctx=None):
+        return self._attr(inode)
+
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        node = self._node(inode)
+        if fields.update_size:
+            del node.data[attr.st_size :]
+            node.data.extend(b"\0" * (attr.st_size - len(node.data)))
+        if fields.update_mode:
+            node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
+        return self._attr(inode)
+
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        return self._attr(self._new(parent_inode, name, stat.S_IFDIR | stat.S_IMODE(mode)))
+
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        ino = self._new(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode))
+        return pyfuse3.FileInfo(fh=ino), self._attr(ino)
+
+    async def open(self, inode, flags, ctx):
+        self._node(inode)
+        return pyfuse3.FileInfo(fh=inode)
+
+    async def read(self, fh, off, size):
+        return bytes(self._node(fh).data[off : off + size])
+
+    async def write(self, fh, off, buf):
+        node = self._node(fh)
+        if off > len(node.data):
+            node.data.extend(b"\0" * (off - len(node.data)))
+        node.data[off : off + len(buf)] = buf
+        self.record("write", node.name.decode(), off, len(buf))
+        return len(buf)
+
+    async def fsync(self, fh, datasync):
+        node = self._node(fh)
+        self.record("fsync", node.name.decode(), len(node.data), int(bool(datasync)))
+
+    async def flush(self, fh):
+        pass
+
+    async def release(self, fh):
+        pass
+
+    async def unlink(self, parent_inode, name, ctx):
+        directory = self._node(parent_inode)
+        ino = directory.children.pop(name, None)
+        if ino is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        self.nodes[ino].nlink -= 1
+
+    async def opendir(self, inode, ctx):
+        if not stat.S_ISDIR(self._node(inode).mode):
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    async def readdir(self, fh, start_id, token):
+        entries = sorted(self._node(fh).children.items())
+        for index, (name, ino) in enumerate(entries[start_id:], start_id + 1):
+            if not pyfuse3.readdir_reply(token, name, self._attr(ino), index):
+                return
+
+    async def releasedir(self, fh):
+        pass
+
+    async def statfs(self, ctx):
+        out = pyfuse3.StatvfsData()
+        out.f_bsize = out.f_frsize = 4096
+        out.f_blocks = out.f_bfree = out.f_bavail = 1 << 20
+        out.f_files = out.f_ffree = out.f_favail = 1 << 20
+        out.f_namemax = 200  # not the usual 255, so a test can tell it was passed through
+        return out
+
+
+async def _serve() -> None:
+    async with trio.open_nursery() as nursery:
+
+        async def stop_on_signal() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    pyfuse3.terminate()
+                    return
+
+        nursery.start_soon(stop_on_signal)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+def main(argv: list[str]) -> int:
+    mountpoint, log_path = argv
+    pyfuse3.init(MemFS(log_path), mountpoint, {"fsname=memfs", "subtype=memfs"})
+    try:
+        trio.run(_serve)
+    finally:
+        pyfuse3.close(unmount=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,234 @@
+"""Start FUSE daemons as subprocesses for tests, and always take them down again.
+
+Rules every helper here keeps:
+
+* A mount is detected in /proc/self/mountinfo, never by stat()ing the mountpoint: asking a
+  mount that does not serve yet (or any more) about itself hangs or fails.
+* Teardown always unmounts and reaps: ``fusermount3 -u``; if that fails, ``-uz`` (lazy) and
+  SIGKILL of the daemon. A test that leaves a mount behind breaks every later test on the host.
+* A mount that stops answering never hangs the test run: readiness is a stat() from a child
+  process that can be killed, and every fusethrottle daemon has a watchdog that dumps its
+  threads' stacks into its log (SIGUSR1, faulthandler), kills it and detaches the mount, so the
+  blocked test fails with ENOTCONN instead of waiting forever.
+* Only processes started here are ever signalled, by pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# FUSETHROTTLE_BIN picks the daemon to test (scripts/test sets it for Debian's system python).
+FUSETHROTTLE = os.environ.get("FUSETHROTTLE_BIN") or str(
+    Path(sys.executable).with_name("fusethrottle")
+)
+MEMFS = str(Path(__file__).with_name("memfs.py"))
+FSTYPE = "fuse.fusethrottle"
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 60.0
+WATCHDOG = 240.0  # no test keeps one mount this long: past it the mount is hung
+
+
+class MountFailed(RuntimeError):
+    """The daemon exited (or never mounted) instead of serving."""
+
+
+def _unescape(text: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and text[i + 1 : i + 4].isdigit():
+            out.append(chr(int(text[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_table() -> list[tuple[str, str, str]]:
+    """(mountpoint, fstype, source) of every mount this process can see."""
+    entries = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rest = left.split(), right.split()
+            entries.append((_unescape(fields[4]), rest[0], _unescape(rest[1])))
+    return entries
+
+
+def mounted(path: str | Path, fstype: str | None = None) -> bool:
+    target = os.path.abspath(path)
+    return any(m == target and (fstype is None or t == fstype) for m, t, _ in mount_table())
+
+
+def mounts_under(path: str | Path) -> list[str]:
+    prefix = os.path.abspath(path).rstrip("/") + "/"
+    return [m for m, _, _ in mount_table() if m.startswith(prefix)]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def fusermount_unmount(path: str | Path, lazy: bool = False) -> subprocess.CompletedProcess[str]:
+    args = ["fusermount3", "-u", "-z" if lazy else "-q", str(path)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=STOP_TIMEOUT, check=False)
+
+
+@dataclass
+class Daemon:
+    """One FUSE daemon in the foreground, its mountpoint and its stderr."""
+
+    mountpoint: Path
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    fstype: str = FSTYPE
+    source: Path | None = None
+    stopped: bool = field(default=False)  # SIGSTOPped by a test: SIGCONT before teardown
+    expect_log_problems: bool = field(default=False)  # the test provokes warnings on purpose
+    hung: bool = field(default=False)  # the watchdog had to break this mount
+    _watchdog: threading.Timer | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def is_mounted(self) -> bool:
+        return mounted(self.mountpoint, self.fstype)
+
+    def wait(self, timeout: float = STOP_TIMEOUT) -> int | None:
+        """The exit code, or None if the daemon is still running after *timeout*."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
+
+    def answers(self, timeout: float = 10.0) -> bool:
+        """Does the mount answer a stat? Asked from a child process, which can be killed."""
+        try:
+            probe = subprocess.run(
+                ["stat", "-c", "%i", str(self.mountpoint)],
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return probe.returncode == 0
+
+    def arm_watchdog(self, seconds: float = WATCHDOG) -> None:
+        self._watchdog = threading.Timer(seconds, self.break_hang)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def break_hang(self) -> None:
+        """Dump the daemon's stacks into its log, kill it and detach the mount."""
+        self.hung = True
+        if self.fstype == FSTYPE:
+            self.signal(signal.SIGUSR1)  # fusethrottle registers faulthandler on SIGUSR1
+            time.sleep(1.0)
+        self.signal(signal.SIGKILL)
+        fusermount_unmount(self.mountpoint, lazy=True)
+
+    def stop(self) -> int | None:
+        """Unmount and reap, whatever state the daemon is in; returns its exit code."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self.stopped:
+            self.signal(signal.SIGCONT)
+            self.stopped = False
+        if self.is_mounted() and self.proc.poll() is None:
+            fusermount_unmount(self.mountpoint)
+        code = self.wait(STOP_TIMEOUT if self.proc.poll() is None else 0)
+        if code is None:
+            self.signal(signal.SIGKILL)
+            code = self.wait()
+        if self.is_mounted():
+            fusermount_unmount(self.mountpoint, lazy=True)
+        return code
+
+
+def _start(
+    argv: Sequence[str], mountpoint: Path, log_path: Path, fstype: str, timeout: float
+) -> Daemon:
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # a ^C at the terminal must not reach the daemon
+        )
+    daemon = Daemon(mountpoint, proc, log_path, fstype)
+    if not wait_for(lambda: daemon.is_mounted() or proc.poll() is not None, timeout):
+        daemon.stop()
+        raise MountFailed(f"{argv[0]} did not mount {mountpoint} in {timeout}s:\n{daemon.log()}")
+    if not daemon.is_mounted():
+        daemon.stop()
+        raise MountFailed(f"{argv[0]} exited with {proc.returncode}:\n{daemon.log()}")
+    if not daemon.answers(timeout):
+        daemon.break_hang()
+        daemon.stop()
+        raise MountFailed(f"{mountpoint} is mounted but does not answer:\n{daemon.log()}")
+    return daemon
+
+
+def start_fusethrottle(
+    source: Path,
+    mountpoint: Path,
+    options: Sequence[str] = (),
+    *,
+    log_path: Path | None = None,
+    timeout: float = START_TIMEOUT,
+) -> Daemon:
+    argv = [FUSETHROTTLE, str(source), str(mountpoint), "-f"]
+    if options:
+        argv += ["-o", ",".join(options)]
+    log_path = log_path or mountpoint.with_name(mountpoint.name + ".log")
+    daemon = _start(argv, mountpoint, log_path, FSTYPE, timeout)
+    daemon.source = source
+    daemon.arm_watchdog()
+    return daemon
+
+
+def start_memfs(mountpoint: Path, record: Path, timeout: float = START_TIMEOUT) -> Daemon:
+    """The in-memory target of memfs.py; *record* receives its write/fsync log."""
+    log_path = mountpoint.with_name(mountpoint.name + ".log")
+    argv = [sys.executable, MEMFS, str(mountpoint), str(record)]
+    return _start(argv, mountpoint, log_path, "fuse.memfs", timeout)
+
+
+def problems_in_log(text: str) -> list[str]:
+    """Lines of a daemon log that a clean run never produces."""
+    bad = ("Traceback", " ERROR ", " CRITICAL ", " WARNING ")
+    return [line for line in text.splitlines() if any(word in line for word in bad)]
+
+
+@contextlib.contextmanager
+def running(daemon: Daemon):  # type: ignore[no-untyped-def]
+    """``with running(start_fusethrottle(...)) as d:`` - stopped on the way out, always."""
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
