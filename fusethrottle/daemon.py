@@ -41,6 +41,7 @@ from .options import Config
 log = logging.getLogger(__name__)
 
 HANDLER_GRACE = 10.0
+EXTRA_TASK_START_TIMEOUT = 10.0
 STARTUP_WINDOW = 16 << 20
 
 
@@ -190,7 +191,10 @@ class Daemon:
                 if sdnotify.watchdog_interval():
                     nursery.start_soon(sdnotify.watchdog_task)
                 for extra in self.extra_tasks:
-                    await nursery.start(extra)
+                    # A helper task that never reports started would leave a mount nobody
+                    # serves (every access hangs); fail, and so unmount, instead.
+                    with trio.fail_after(EXTRA_TASK_START_TIMEOUT):
+                        await nursery.start(extra)
                 with trio.CancelScope() as self._serve_scope:
                     await pyfuse3.main(max_tasks=128)
                 sdnotify.notify("STOPPING=1")
