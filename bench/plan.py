@@ -7,8 +7,9 @@ not after a loop device was built and two arms ran.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
+
+from fusethrottle import options
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -19,26 +20,20 @@ class PlanError(ValueError):
     """A user mistake on the command line; ``str(err)`` is the one line to print."""
 
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*$")
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|)\s*$")
-_UNITS = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1024 * GiB}
-_SECONDS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def parse_size(text: str) -> int:
-    """``64M`` -> 67108864 (binary units, like fusethrottle's own options)."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise PlanError(f"not a size: {text!r} (examples: 4096, 64M, 1G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    """``64M`` -> 67108864: the same binary units as fusethrottle's own options."""
+    try:
+        return options.parse_size(text)
+    except options.OptionError as err:
+        raise PlanError(str(err)) from None
 
 
 def parse_duration(text: str) -> float:
     """``500ms`` -> 0.5, ``30s`` -> 30.0; a bare number is seconds."""
-    m = _DURATION_RE.match(text)
-    if not m:
-        raise PlanError(f"not a duration: {text!r} (examples: 500ms, 30s, 2m)")
-    return float(m.group(1)) * _SECONDS[m.group(2)]
+    try:
+        return options.parse_duration(text)
+    except options.OptionError as err:
+        raise PlanError(str(err)) from None
 
 
 def format_size(n: float) -> str:

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fusethrottle import mountinfo
+
 # FUSETHROTTLE_BIN picks the daemon to test (scripts/test sets it for Debian's system python).
 FUSETHROTTLE = os.environ.get("FUSETHROTTLE_BIN") or str(
     Path(sys.executable).with_name("fusethrottle")
@@ -41,27 +43,9 @@ class MountFailed(RuntimeError):
     """The daemon exited (or never mounted) instead of serving."""
 
 
-def _unescape(text: str) -> str:
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\\" and text[i + 1 : i + 4].isdigit():
-            out.append(chr(int(text[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
 def mount_table() -> list[tuple[str, str, str]]:
     """(mountpoint, fstype, source) of every mount this process can see."""
-    entries = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields, rest = left.split(), right.split()
-            entries.append((_unescape(fields[4]), rest[0], _unescape(rest[1])))
-    return entries
+    return [(m.mountpoint, m.fstype, m.source) for m in mountinfo.mounts()]
 
 
 def mounted(path: str | Path, fstype: str | None = None) -> bool:
