@@ -299,6 +299,9 @@ def test_status_watch_refreshes(make_mount) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As from a terminal: a background job of a non-interactive shell (CI) inherits SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt handler.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         time.sleep(1.0)
