@@ -33,7 +33,7 @@ from .controller import make_controller
 from .flusher import Flusher
 from .inodes import InodeTable
 from .ledger import Ledger
-from .meter import Meter, profile
+from .meter import Meter, profile_for
 from .mountinfo import find_mount
 from .ops import Operations
 from .options import Config
@@ -111,7 +111,7 @@ def build(
     )
     flusher_ref.append(flusher)
     ceilings = Ceilings(
-        Meter(profile(config.meter)),
+        Meter(profile_for(config)),
         metered_limit=config.metered_limit,
         ops_limit=config.ops_limit,
         throttle_reads=config.throttle_reads,

@@ -32,6 +32,10 @@ import dataclasses
 import enum
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .options import Config
 
 KiB = 1024
 
@@ -95,6 +99,11 @@ def profile(name: str, **overrides: int | float) -> MeterProfile:
     if unknown:
         raise ValueError(f"unknown meter setting(s): {', '.join(unknown)}")
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def profile_for(config: Config) -> MeterProfile:
+    """The profile a mount's options ask for: ``meter=`` plus any ``meter_<field>=``."""
+    return profile(config.meter, **dict(config.meter_overrides))
 
 
 @dataclass(frozen=True)

@@ -334,9 +334,9 @@ class Recorder:
 class TargetMeter:
     """Feeds every target operation to an EFS-style :class:`~fusethrottle.meter.Meter`."""
 
-    def __init__(self, profile_name: str) -> None:
+    def __init__(self, profile_name: str, overrides: tuple[tuple[str, float], ...] = ()) -> None:
         self.profile_name = profile_name
-        self.meter = Meter(meter_profile(profile_name))
+        self.meter = Meter(meter_profile(profile_name, **dict(overrides)))
         self._classes: dict[str, OpClass] = {}
 
     def record(self, op: str, nbytes: int) -> None:
@@ -1017,7 +1017,7 @@ def attach_metrics(config: Config) -> tuple[Recorder, Callable[[str, int], None]
     ``-o metrics=HOST:PORT`` the endpoint is bound here, so a bad address or a port in use fails
     the mount (``MetricsError``, a RuntimeError, one line) before pyfuse3.init.
     """
-    metrics = Metrics(config, TargetMeter(config.meter))
+    metrics = Metrics(config, TargetMeter(config.meter, config.meter_overrides))
     server = bind_endpoint(config.metrics, make_registry(metrics)) if config.metrics else None
 
     def extra_tasks(mount: Any) -> list[Callable[..., Any]]:

@@ -81,6 +81,8 @@ class Config:
     drain: float = 2.5
     # metering and ceilings
     meter: str = "efs"
+    # (MeterProfile field, value) pairs from meter_<field>= options, applied to the profile.
+    meter_overrides: tuple[tuple[str, float], ...] = ()
     metered_limit: float = 0.0
     ops_limit: float = 0.0
     throttle_reads: bool = False
@@ -123,6 +125,16 @@ def _positive_int(text: str) -> int:
         raise OptionError(f"not a whole number: {text!r}") from None
     if value <= 0:
         raise OptionError(f"must be positive: {text!r}")
+    return value
+
+
+def _positive_or_zero(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise OptionError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise OptionError(f"must not be negative: {text!r}")
     return value
 
 
@@ -172,6 +184,17 @@ _VALUED: dict[str, Callable[[str], object]] = {
 _BOOLEAN = {"allow_other", "writeback_cache", "throttle_reads"}
 
 
+# meter_<field>= options override one number of the metering profile (see meter.py).
+_METER_FIELDS: dict[str, Callable[[str], float]] = {
+    "data_min": parse_size,
+    "meta_min": parse_size,
+    "granule": parse_size,
+    "read_factor": _float,
+    "read_units": _positive_or_zero,
+    "write_units": _positive_or_zero,
+}
+
+
 def split_options(groups: Iterable[str]) -> list[str]:
     """Flatten several ``-o a,b=c`` arguments into ``["a", "b=c"]``."""
     return [item.strip() for group in groups for item in group.split(",") if item.strip()]
@@ -197,6 +220,17 @@ def parse_options(items: Iterable[str], **base: object) -> Config:
             if eq and raw not in ("1", "0", "yes", "no", "true", "false"):
                 raise OptionError(f"option {key}: expected no value or yes/no, got {raw!r}")
             values[key] = not eq or raw in ("1", "yes", "true")
+            continue
+        if key.startswith("meter_") and key[len("meter_") :] in _METER_FIELDS:
+            if not eq or raw == "":
+                raise OptionError(f"option {key} needs a value ({key}=...)")
+            try:
+                value = _METER_FIELDS[key[len("meter_") :]](raw)
+            except OptionError as err:
+                raise OptionError(f"option {key}: {err}") from None
+            overrides = dict(values.get("meter_overrides", ()))  # type: ignore[arg-type]
+            overrides[key[len("meter_") :]] = value
+            values["meter_overrides"] = tuple(sorted(overrides.items()))
             continue
         parser = _VALUED.get(key)
         if parser is None:
@@ -237,6 +271,12 @@ def validate(config: Config) -> None:
         raise OptionError("metered_limit and ops_limit must not be negative")
     if config.admission_timeout <= 0:
         raise OptionError("admission_timeout must be positive")
+    from .meter import profile  # pure; imported here to keep this module's imports minimal
+
+    try:
+        profile(config.meter, **dict(config.meter_overrides))
+    except ValueError as err:
+        raise OptionError(f"meter: {err}") from None
 
 
 def replace(config: Config, **changes: object) -> Config:

@@ -110,3 +110,25 @@ def test_mistakes_get_one_clear_line(items: list[str], message: str) -> None:
     with pytest.raises(OptionError, match=message) as info:
         parse_options(items)
     assert "\n" not in str(info.value)
+
+
+def test_every_metering_number_can_be_overridden() -> None:
+    from fusethrottle.meter import Meter, OpClass, profile_for
+
+    config = parse_options(["meter=efs", "meter_data_min=4K", "meter_write_units=3"])
+    charge = Meter(profile_for(config)).charge(OpClass.DATA_WRITE, 1)
+    assert (charge.metered_bytes, charge.units) == (4096, 3)  # was 32 KiB and 5 units
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("meter_read_factor=2", "read_factor must be in"),
+        ("meter_data_min=lots", "option meter_data_min: not a size"),
+        ("meter_write_units=-1", "must not be negative"),
+        ("meter_colour=red", "unknown option"),
+    ],
+)
+def test_bad_metering_numbers_are_refused(item: str, message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        parse_options([item])
