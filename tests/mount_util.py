@@ -203,10 +203,13 @@ def start_memfs(mountpoint: Path, record: Path, timeout: float = START_TIMEOUT) 
     return _start(argv, mountpoint, log_path, "fuse.memfs", timeout)
 
 
-# The kernel sends RELEASE for a file's last close in the background; when the unmount wins the
+# The kernel sends RELEASE(DIR) for a file's last close in the background; when the unmount wins the
 # race it drops the request, and pyfuse3 (3.2) logs that our late reply found nobody waiting.
 # Nothing is lost: release has no reply anyone reads. Any other reply failure still counts.
-_ABANDONED_REPLY = "fuse_release(): fuse_reply_* failed with No such file or directory"
+_ABANDONED_REPLIES = tuple(
+    f"{op}(): fuse_reply_* failed with No such file or directory"
+    for op in ("fuse_release", "fuse_releasedir")
+)
 
 
 def problems_in_log(text: str) -> list[str]:
@@ -215,7 +218,7 @@ def problems_in_log(text: str) -> list[str]:
     return [
         line
         for line in text.splitlines()
-        if any(word in line for word in bad) and _ABANDONED_REPLY not in line
+        if any(word in line for word in bad) and not any(r in line for r in _ABANDONED_REPLIES)
     ]
 
 
