@@ -11,7 +11,7 @@ import json
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,35 +136,38 @@ def _cell_text(stat: dict | None, fmt: str) -> str:
     return med
 
 
-def markdown_tables(groups: Sequence[dict]) -> str:
-    """One Markdown table per (target, workload), showing only the columns that have data."""
-    parts = []
+def _sections(groups: Sequence[dict]) -> Iterator[tuple[str, str, list[dict]]]:
+    """(target, workload, its groups) in report order, skipping empty combinations."""
     for target in _order(groups, "target"):
         for workload in _order(groups, "workload"):
             rows = [g for g in groups if g["target"] == target and g["workload"] == workload]
-            if not rows:
+            if rows:
+                yield target, workload, rows
+
+
+def markdown_tables(groups: Sequence[dict]) -> str:
+    """One Markdown table per (target, workload), showing only the columns that have data."""
+    parts = []
+    for target, workload, rows in _sections(groups):
+        metrics = [m for m in METRICS if any(m.key in g["metrics"] for g in rows)]
+        parts.append(f"### {workload} on {target}\n")
+        header = ["arm", "runs", *[m.header for m in metrics]]
+        parts.append("| " + " | ".join(header) + " |")
+        parts.append("|" + "---|" * len(header))
+        for g in rows:
+            if not g["ok"]:
+                status = "skipped" if g["skipped"] else "failed"
+                why = "; ".join(g["reasons"]).replace("|", "/")
+                cells = [f"{status}: {why}"] + [""] * (len(metrics) - 1)
+                parts.append(f"| {g['arm']} | 0/{g['runs']} | " + " | ".join(cells) + " |")
                 continue
-            metrics = [m for m in METRICS if any(m.key in g["metrics"] for g in rows)]
-            parts.append(f"### {workload} on {target}\n")
-            header = ["arm", "runs", *[m.header for m in metrics]]
-            parts.append("| " + " | ".join(header) + " |")
-            parts.append("|" + "---|" * len(header))
-            for g in rows:
-                if not g["ok"]:
-                    status = "skipped" if g["skipped"] else "failed"
-                    why = "; ".join(g["reasons"]).replace("|", "/")
-                    cells = [f"{status}: {why}"] + [""] * (len(metrics) - 1)
-                    parts.append(f"| {g['arm']} | 0/{g['runs']} | " + " | ".join(cells) + " |")
-                    continue
-                runs = f"{g['ok']}/{g['runs']}"
-                cells = [_cell_text(g["metrics"].get(m.key), m.fmt) for m in metrics]
-                parts.append(f"| {g['arm']} | {runs} | " + " | ".join(cells) + " |")
-            notes = [
-                f"{g['arm']}: {'; '.join(g['reasons'])}" for g in rows if g["ok"] and g["reasons"]
-            ]
-            if notes:
-                parts.append("\nSome repeats did not complete: " + " / ".join(notes))
-            parts.append("")
+            runs = f"{g['ok']}/{g['runs']}"
+            cells = [_cell_text(g["metrics"].get(m.key), m.fmt) for m in metrics]
+            parts.append(f"| {g['arm']} | {runs} | " + " | ".join(cells) + " |")
+        notes = [f"{g['arm']}: {'; '.join(g['reasons'])}" for g in rows if g["ok"] and g["reasons"]]
+        if notes:
+            parts.append("\nSome repeats did not complete: " + " / ".join(notes))
+        parts.append("")
     return "\n".join(parts)
 
 
@@ -184,41 +187,35 @@ def console_table(groups: Sequence[dict]) -> str:
         ("wl_ls_s", "ls -lR s", ".2f"),
     ]
     lines = []
-    for target in _order(groups, "target"):
-        for workload in _order(groups, "workload"):
-            rows = [g for g in groups if g["target"] == target and g["workload"] == workload]
-            if not rows:
+    for target, workload, rows in _sections(groups):
+        used = [k for k in keys if any(k[0] in g["metrics"] for g in rows)]
+        lines.append(f"{workload} on {target}  (x = ratio to direct)")
+        table = [["arm", *[h for _, h, _ in used]]]
+        notes: dict[int, str] = {}  # row index -> why it has no numbers
+        for g in rows:
+            if not g["ok"]:
+                why = "; ".join(g["reasons"])
+                notes[len(table)] = f"{'skipped' if g['skipped'] else 'failed'}: {why}"
+                table.append([g["arm"]])
                 continue
-            used = [k for k in keys if any(k[0] in g["metrics"] for g in rows)]
-            lines.append(f"{workload} on {target}  (x = ratio to direct)")
-            table = [["arm", *[h for _, h, _ in used]]]
-            notes: dict[int, str] = {}  # row index -> why it has no numbers
-            for g in rows:
-                if not g["ok"]:
-                    why = "; ".join(g["reasons"])
-                    notes[len(table)] = f"{'skipped' if g['skipped'] else 'failed'}: {why}"
-                    table.append([g["arm"]])
-                    continue
-                r = rat.get((target, workload, g["arm"]), {})
-                row = [g["arm"]]
-                for key, _, fmt in used:
-                    stat = g["metrics"].get(key)
-                    text = "-" if stat is None else format(stat["median"], fmt)
-                    if key in r and g["arm"] != "direct":
-                        text += f" ({r[key]:.2f}x)"
-                    row.append(text)
-                table.append(row)
-            full = [r for i, r in enumerate(table) if i not in notes]
-            widths = [max(len(r[i]) for r in full) for i in range(len(table[0]))]
-            widths[0] = max(len(r[0]) for r in table)
-            for i, r in enumerate(table):
-                if i in notes:
-                    lines.append(f"  {r[0]:<{widths[0]}}  {notes[i]}")
-                else:
-                    lines.append(
-                        "  " + "  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=False))
-                    )
-            lines.append("")
+            r = rat.get((target, workload, g["arm"]), {})
+            row = [g["arm"]]
+            for key, _, fmt in used:
+                stat = g["metrics"].get(key)
+                text = "-" if stat is None else format(stat["median"], fmt)
+                if key in r and g["arm"] != "direct":
+                    text += f" ({r[key]:.2f}x)"
+                row.append(text)
+            table.append(row)
+        full = [r for i, r in enumerate(table) if i not in notes]
+        widths = [max(len(r[i]) for r in full) for i in range(len(table[0]))]
+        widths[0] = max(len(r[0]) for r in table)
+        for i, r in enumerate(table):
+            if i in notes:
+                lines.append(f"  {r[0]:<{widths[0]}}  {notes[i]}")
+            else:
+                lines.append("  " + "  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=False)))
+        lines.append("")
     return "\n".join(lines)
 
 
