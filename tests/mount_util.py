@@ -39,6 +39,51 @@ STOP_TIMEOUT = 60.0
 WATCHDOG = 240.0  # no test keeps one mount this long: past it the mount is hung
 
 
+def _reachable_by_others(path: Path) -> bool:
+    """Could a user with no special rights read *path*? (Every parent o+x, the file o+r.)"""
+    path = path.absolute()
+    if not os.stat(path).st_mode & 0o004:
+        return False
+    return all(os.stat(parent).st_mode & 0o001 for parent in path.parents)
+
+
+_OTHER_USER_COMMAND: list[str] = []
+
+
+def command_for_other_users() -> list[str]:
+    """How another user (nobody) runs this fusethrottle.
+
+    A checkout in a private directory (a 0700 temporary dir, as a CI clone may be) is out of
+    reach for other users. Then they run a world-readable copy of the package on the system
+    python, whose Debian packages scripts/install provides.
+    """
+    if _OTHER_USER_COMMAND:
+        return _OTHER_USER_COMMAND
+    if _reachable_by_others(Path(FUSETHROTTLE)):
+        _OTHER_USER_COMMAND.append(FUSETHROTTLE)
+        return _OTHER_USER_COMMAND
+    import atexit
+    import shutil
+    import tempfile
+
+    import fusethrottle
+
+    copy = Path(tempfile.mkdtemp(prefix="fusethrottle-other-user-"))
+    atexit.register(shutil.rmtree, copy, True)
+    copy.chmod(0o755)
+    shutil.copytree(
+        Path(fusethrottle.__file__).parent,
+        copy / "fusethrottle",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    for path in [copy, *copy.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    _OTHER_USER_COMMAND.extend(
+        ["/usr/bin/env", f"PYTHONPATH={copy}", "/usr/bin/python3", "-m", "fusethrottle"]
+    )
+    return _OTHER_USER_COMMAND
+
+
 class MountFailed(RuntimeError):
     """The daemon exited (or never mounted) instead of serving."""
 

@@ -20,7 +20,14 @@ from pathlib import Path
 
 import pytest
 from conftest import MakeMount
-from mount_util import FUSETHROTTLE, Daemon, fusermount_unmount, mounted, wait_for
+from mount_util import (
+    FUSETHROTTLE,
+    Daemon,
+    command_for_other_users,
+    fusermount_unmount,
+    mounted,
+    wait_for,
+)
 
 pytestmark = pytest.mark.mount
 
@@ -169,9 +176,12 @@ def assert_refused(result: subprocess.CompletedProcess[str], mountpoint: Path, *
     assert not mounted(mountpoint)
 
 
-def fusethrottle(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def fusethrottle(
+    *args: str, prefix: tuple[str, ...] = (), as_other_user: bool = False
+) -> subprocess.CompletedProcess[str]:
+    command = command_for_other_users() if as_other_user else [FUSETHROTTLE]
     return subprocess.run(
-        [*prefix, FUSETHROTTLE, *args], capture_output=True, text=True, timeout=60, cwd="/"
+        [*prefix, *command, *args], capture_output=True, text=True, timeout=60, cwd="/"
     )
 
 
@@ -250,7 +260,7 @@ def test_unprivileged_user_is_refused_with_one_line(workdir: Path, allow_other: 
     as_nobody = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
     args = [str(workdir / "src"), str(workdir / "mnt"), "-f"]
     if not allow_other:
-        result = fusethrottle(*args, prefix=as_nobody)
+        result = fusethrottle(*args, prefix=as_nobody, as_other_user=True)
         assert_refused(result, workdir / "mnt")
         return
     device = workdir / "fuse"
@@ -258,7 +268,9 @@ def test_unprivileged_user_is_refused_with_one_line(workdir: Path, allow_other: 
     os.chmod(device, 0o666)
     script = f'mount --bind {device} /dev/fuse && exec "$@"'
     prefix = ("unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh")
-    result = fusethrottle(*args, "-o", "allow_other", prefix=(*prefix, *as_nobody))
+    result = fusethrottle(
+        *args, "-o", "allow_other", prefix=(*prefix, *as_nobody), as_other_user=True
+    )
     assert_refused(result, workdir / "mnt", "allow_other")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import trio
-from mount_util import FUSETHROTTLE, wait_for
+from mount_util import FUSETHROTTLE, command_for_other_users, wait_for
 
 from fusethrottle import daemon, status
 from fusethrottle.metrics import Metrics, TargetMeter
@@ -348,7 +348,10 @@ def test_status_after_unmount(make_mount) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a command as another user")
 def test_status_for_another_local_user(make_mount) -> None:
     ft = make_mount()
-    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", FUSETHROTTLE]
+    as_nobody = [
+        *("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
+        *command_for_other_users(),
+    ]
     shown = subprocess.run(
         [*as_nobody, "status", str(ft.mountpoint)], capture_output=True, text=True, timeout=30
     )
