@@ -96,6 +96,7 @@ if TYPE_CHECKING:
     from .options import Config
 
 MiB = 1024 * 1024
+_ROUNDING = 1e-3  # relative; see AdaptiveController.on_sample
 
 #: Default target drain time of the window, seconds.
 DEFAULT_DRAIN_S = 2.5
@@ -267,13 +268,16 @@ class AdaptiveController:
         w = self._window
         in_use = in_flight + nbytes >= w / 2
         may_grow = in_use and self._hold_since is None and not warming
-        if warming and w > fit_fast:
+        # Gaps within _ROUNDING are float error (a tiny fsync's duration is the difference of
+        # two large clock readings), not a slower target: never shrink for them.
+        slack = 1.0 + _ROUNDING
+        if warming and w > fit_fast * slack:
             w = fit_fast
-        elif w > self.tolerance * fit_fast:
+        elif w > self.tolerance * fit_fast * slack:
             w = max(fit_fast, w / 2)
         else:
             goal = w
-            if w > fit_fast:
+            if w > fit_fast * slack:
                 goal = fit_fast
             elif may_grow and fit_slow > w:
                 goal = min(fit_slow, 2 * w)
