@@ -131,6 +131,37 @@ def test_a_slow_fsync_halves_and_holds_until_a_newer_fsync_is_fast() -> None:
     assert feed.run(6, rate=100 * MiB) > halved
 
 
+def test_once_a_stall_is_over_its_slow_sample_no_longer_sets_the_pace() -> None:
+    controller = adaptive(slow_fsync_s=30.0)
+    feed = Feed(controller)
+    steady = feed.run(20, rate=100 * MiB)
+    feed.now += 31.0
+    controller.on_sample(feed.now, 64 * MiB, 31.0, steady)  # the stall: a hard signal
+    assert controller.commit_rate is not None and controller.commit_rate < 20 * MiB
+    feed.fsync(64 * MiB, rate=100 * MiB)  # started after the cut, came back in time
+    # The gate paces writes at this rate: it must be the target's rate now, not the stall's.
+    assert controller.commit_rate == pytest.approx(100 * MiB, rel=0.01)
+    assert feed.run(4, rate=100 * MiB) >= 0.8 * steady
+
+
+def test_a_clear_speed_up_is_believed_after_two_samples() -> None:
+    controller = adaptive()
+    feed = Feed(controller)
+    assert feed.run(40, rate=10 * MiB) == pytest.approx(30 * MiB, rel=0.15)
+    feed.run(2, rate=100 * MiB)
+    assert controller.commit_rate == pytest.approx(100 * MiB, rel=0.01)
+    # Far below what the target takes, the window closes the gap by half per sample.
+    assert feed.run(6, rate=100 * MiB) == pytest.approx(300 * MiB, rel=0.2)
+
+
+def test_one_fast_sample_is_not_a_speed_up() -> None:
+    controller = adaptive()
+    feed = Feed(controller)
+    feed.run(40, rate=10 * MiB)
+    feed.fsync(16 * MiB, rate=1000 * MiB)  # its data was already written back, say
+    assert controller.commit_rate is not None and controller.commit_rate < 20 * MiB
+
+
 @pytest.mark.parametrize("err", [errno.EIO, errno.ETIMEDOUT])
 def test_io_errors_and_timeouts_halve_the_window(err: int) -> None:
     controller = adaptive(initial=256 * MiB)
