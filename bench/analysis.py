@@ -52,6 +52,18 @@ def victim_stats(ops: Sequence[tuple[float, float]], t_from: float, t_to: float)
     }
 
 
+def probe_stats(ops: Sequence[tuple[float, str, float]]) -> dict:
+    """How long stat and readdir on the mount took while the backup ran (bench.prober)."""
+    out: dict[str, float | int] = {}
+    for op in ("stat", "readdir"):
+        lat = sorted(latency for _, kind, latency in ops if kind == op)
+        if lat:
+            out[f"probe_{op}_ops"] = len(lat)
+            out[f"probe_{op}_p99_ms"] = percentile(lat, 99) * 1e3
+            out[f"probe_{op}_max_ms"] = lat[-1] * 1e3
+    return out
+
+
 def histogram_quantile(buckets: dict[float, float], q: float) -> float | None:
     """Upper bound of the bucket holding quantile q of a cumulative Prometheus histogram."""
     if not buckets:

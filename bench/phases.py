@@ -1,9 +1,11 @@
 """Per-phase figures of a run with a rate schedule: ``python -m bench.phases RUN_DIR SCHEDULE``.
 
 The summary table covers a whole run; a degrading target needs each phase on its own line
-(device rate, peak Dirty+Writeback in the shared cgroup, fusethrottle's un-synced bytes, window
-and fsync time, the neighbour's p99/max and the backup's worst write()). Reads the raw
-samples.csv, victim.csv and writer.csv of RUN_DIR; prints a Markdown table.
+(device rate, how much of the phase the target had work queued, peak Dirty+Writeback in the
+shared cgroup, fusethrottle's un-synced bytes, window and fsync p50/p99, the neighbour's p99/max,
+how long stat and readdir on the mount took, and the backup's worst write()). Reads the raw
+samples.csv, victim.csv, writer.csv and probe.csv of RUN_DIR; prints a Markdown table, one line
+per arm, repeat and phase.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from bench.analysis import histogram_quantile
 from bench.plan import format_size, parse_schedule
+from bench.sampler import parse_buckets
 
 MiB = 1 << 20
 
@@ -38,6 +42,39 @@ def _read(path: Path) -> dict[str, list[dict[str, str]]]:
     return rows
 
 
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope: a device counter that moves in big steps (the throttle hands out
+    whole bios) would make a first-to-last difference swing by a step at either end."""
+    if len(points) < 2:
+        return math.nan
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    return sum((t - mt) * (v - mv) for t, v in points) / var if var > 0 else math.nan
+
+
+def _fsync_quantiles(before: dict[float, float], after: dict[float, float]) -> str:
+    """p50 / p99 (bucket upper bounds) of the fsyncs that completed between two scrapes."""
+    delta = {le: count - before.get(le, 0.0) for le, count in after.items()}
+    p50, p99 = histogram_quantile(delta, 0.5), histogram_quantile(delta, 0.99)
+    if p50 is None or p99 is None:
+        return "-"
+    return f"{p50:g} / {p99:g}"
+
+
+def _arm_label(cell: str) -> str:
+    """``003-seq-ft-adaptive-r2`` -> ``ft-adaptive r2``; other workloads than seq are named."""
+    parts = cell.split("-", 2)
+    if len(parts) < 3:
+        return cell
+    _, workload, rest = parts
+    arm, _, repeat = rest.rpartition("-r")
+    if not arm or not repeat.isdigit():
+        return cell
+    return f"{arm} r{repeat}" + ("" if workload == "seq" else f" ({workload})")
+
+
 def phase_table(run: Path, schedule: str) -> str:
     phases, start = [], 0.0
     for step in parse_schedule(schedule):
@@ -45,41 +82,57 @@ def phase_table(run: Path, schedule: str) -> str:
         label = "stall" if step.rate == 0 else f"{format_size(step.rate or 0)}/s"
         phases.append((label, start, end))
         start = end
-    samples, victim, writer = (_read(run / n) for n in ("samples.csv", "victim.csv", "writer.csv"))
+    names = ("samples.csv", "victim.csv", "writer.csv", "probe.csv")
+    samples, victim, writer, probes = (
+        _read(run / n) if (run / n).exists() else defaultdict(list) for n in names
+    )
     lines = [
-        "| arm | phase | device MiB/s | cgroup Dirty+WB peak MiB | ft un-synced peak MiB "
-        "| ft window mean MiB | fsync mean s | neighbour p99 / max ms | backup worst write() s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| arm | phase | device MiB/s | target busy % | cgroup Dirty+WB peak MiB "
+        "| ft un-synced peak MiB | ft window mean MiB | fsync p50 / p99 s "
+        "| neighbour p99 / max ms | stat / readdir max ms | backup worst write() s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell, rows in samples.items():
-        arm = cell.split("-", 2)[-1].rsplit("-r", 1)[0]
         for label, a, b in phases:
             part = [r for r in rows if a <= float(r["t"]) < b]
             if len(part) < 2:
                 continue
-            first, last = _num(part[0]["absorbed"]), _num(part[-1]["absorbed"])
-            span = float(part[-1]["t"]) - float(part[0]["t"])
-            device = (
-                (last - first) / span / MiB if first is not None and last is not None else math.nan
-            )
+            counter = [(float(r["t"]), v) for r in part if (v := _num(r["absorbed"])) is not None]
+            device = _slope(counter) / MiB
+            queued = [(_num(r["dirty"]) or 0) + (_num(r["writeback"]) or 0) for r in part]
+            busy = 100 * sum(1 for q in queued if q >= MiB / 4) / len(queued)
             cgroup = max((_num(r["cg_dirty"]) or 0) + (_num(r["cg_writeback"]) or 0) for r in part)
             unsynced = [v for r in part if (v := _num(r["ft_unsynced"])) is not None]
             window = [v for r in part if (v := _num(r["ft_window"])) is not None]
-            fsyncs = [(_num(r["ft_fsyncs"]), _num(r["ft_fsync_seconds"])) for r in part]
-            fsyncs = [(n, s) for n, s in fsyncs if n is not None and s is not None]
-            fsync_mean = "-"
-            if len(fsyncs) > 1 and fsyncs[-1][0] > fsyncs[0][0]:
-                mean = (fsyncs[-1][1] - fsyncs[0][1]) / (fsyncs[-1][0] - fsyncs[0][0])
-                fsync_mean = f"{mean:.1f}"
+            before = [r for r in rows if float(r["t"]) < a and r.get("ft_fsync_buckets")]
+            inside = [r for r in part if r.get("ft_fsync_buckets")]
+            fsync = "-"
+            if inside:
+                fsync = _fsync_quantiles(
+                    parse_buckets(before[-1]["ft_fsync_buckets"] if before else None),
+                    parse_buckets(inside[-1]["ft_fsync_buckets"]),
+                )
             neighbour = [
                 float(r["latency_s"]) * 1000 for r in victim[cell] if a <= float(r["t"]) < b
             ]
+            probe = {
+                op: max(
+                    (
+                        float(r["latency_s"]) * 1000
+                        for r in probes[cell]
+                        if r["op"] == op and a <= float(r["t"]) < b
+                    ),
+                    default=math.nan,
+                )
+                for op in ("stat", "readdir")
+            }
             worst = [float(r["max_s"] or 0) for r in writer[cell] if a <= float(r["t"]) < b]
             lines.append(
-                f"| {arm} | {label} | {device:.1f} | {cgroup / MiB:.0f} "
+                f"| {_arm_label(cell)} | {label} | {device:.2f} | {busy:.0f} | {cgroup / MiB:.0f} "
                 f"| {max(unsynced) / MiB if unsynced else math.nan:.0f} "
-                f"| {sum(window) / len(window) / MiB if window else math.nan:.0f} | {fsync_mean} "
+                f"| {sum(window) / len(window) / MiB if window else math.nan:.0f} | {fsync} "
                 f"| {_quantile(neighbour, 0.99):.1f} / {max(neighbour, default=math.nan):.0f} "
+                f"| {probe['stat']:.0f} / {probe['readdir']:.0f} "
                 f"| {max(worst) if worst else math.nan:.1f} |"
             )
     return "\n".join(lines)

@@ -109,6 +109,13 @@ class ResultWriter:
             "victim.csv", ("cell", "t", "latency_s"), ([cell, t - t0, lat] for t, lat in ops)
         )
 
+    def add_probes(self, cell: str, ops: Sequence[tuple[float, str, float]], t0: float) -> None:
+        self._append(
+            "probe.csv",
+            ("cell", "t", "op", "latency_s"),
+            ([cell, t - t0, op, lat] for t, op, lat in ops),
+        )
+
     def add_writer(self, cell: str, lines: Sequence[dict], t0: float) -> None:
         header = ("cell", "t", "bytes", "writes", "max_s", "sum_s", "fsync_s")
 

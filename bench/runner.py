@@ -24,6 +24,7 @@ from bench import analysis
 from bench.cgroup import MemoryCgroup
 from bench.daemon import FuseThrottleMount, find_executable
 from bench.plan import ArmSpec, Plan, WorkloadSpec, format_schedule
+from bench.prober import MetadataProber
 from bench.results import ResultWriter, now_iso
 from bench.sampler import Sampler
 from bench.system import (
@@ -227,6 +228,11 @@ class Runner:
             )
             sampler.start()
             stack.callback(sampler.stop)
+            prober = None
+            if plan.victim != "none":
+                prober = MetadataProber(write_dir, plan.sample_interval)
+                prober.start()
+                stack.callback(prober.stop)
             time.sleep(plan.lead_seconds)
 
             load_start = loadavg()
@@ -254,6 +260,7 @@ class Runner:
                 wres = run_workload(workload, arm, write_dir, ctx)
             t_written = time.monotonic()
             sampler.writer_pid = None
+            probes = prober.stop() if prober else []  # before the daemon goes away
             daemon_cpu1 = process_cpu_seconds(daemon.pid) if daemon and daemon.pid else None
             stop_info: dict[str, object] = {}
             if daemon:
@@ -339,6 +346,8 @@ class Runner:
 
         self.results.add_samples(cell, sampler.rows, t0)
         self.results.add_victim(cell, victim_ops, t0)
+        self.results.add_probes(cell, probes, t0)
+        out |= analysis.probe_stats(probes)
         self.results.add_writer(cell, _read_jsonl(scratch / "writer.jsonl"), t0)
         return out
 

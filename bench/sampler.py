@@ -43,6 +43,7 @@ COLUMNS = (
     "ft_fsyncs",
     "ft_fsync_seconds",
     "ft_synced",
+    "ft_fsync_buckets",
 )
 
 _SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -103,6 +104,23 @@ def parse_metrics(text: str, t: float) -> MetricsSnapshot:
     return snap
 
 
+def format_buckets(buckets: dict[float, float]) -> str | None:
+    """A cumulative histogram as one CSV cell: ``le:count`` pairs joined by ``;``."""
+    if not buckets:
+        return None
+    return ";".join(f"{le:g}:{count:g}" for le, count in sorted(buckets.items()))
+
+
+def parse_buckets(text: str | None) -> dict[float, float]:
+    """The inverse of format_buckets (``inf`` for +Inf)."""
+    out: dict[float, float] = {}
+    for pair in (text or "").split(";"):
+        if ":" in pair:
+            le, count = pair.split(":", 1)
+            out[float(le)] = float(count)
+    return out
+
+
 class MetricsScraper:
     """Polls a Prometheus text endpoint; keeps every snapshot. Silent when nothing answers."""
 
@@ -156,7 +174,7 @@ class Sampler:
         self.daemon_pid = daemon_pid
         self.writer_pid: int | None = None  # set by the workload as its phases start
         self.t0 = time.monotonic()  # rebased when the writer starts
-        self.rows: list[dict[str, float | None]] = []
+        self.rows: list[dict[str, float | str | None]] = []
         self.scraper = MetricsScraper(metrics_url, interval) if metrics_url else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="sampler")
@@ -189,10 +207,10 @@ class Sampler:
                 delay = 0
             self._stop.wait(delay)
 
-    def sample(self) -> dict[str, float | None]:
+    def sample(self) -> dict[str, float | str | None]:
         now = time.monotonic()
         mem = meminfo()
-        row: dict[str, float | None] = dict.fromkeys(COLUMNS)
+        row: dict[str, float | str | None] = dict.fromkeys(COLUMNS)
         row["t"] = now  # absolute; rebased when written out
         row["dirty"] = mem.get("Dirty")
         row["writeback"] = mem.get("Writeback")
@@ -221,6 +239,7 @@ class Sampler:
             row["ft_fsyncs"] = snap.fsync_count
             row["ft_fsync_seconds"] = snap.fsync_sum
             row["ft_synced"] = snap.synced
+            row["ft_fsync_buckets"] = format_buckets(snap.fsync_buckets)
         return row
 
     def mark(self) -> None:

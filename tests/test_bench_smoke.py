@@ -8,6 +8,7 @@ left behind, also after Ctrl-C. Never checks timings: CI machines are noisy.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -21,6 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 if str(REPO) not in sys.path:  # bench/ is not an installed package; import it from the tree
     sys.path.insert(0, str(REPO))
+
+from bench import phases  # noqa: E402
+from bench.sampler import format_buckets, parse_buckets  # noqa: E402
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the built-in loop target needs root")
 
@@ -89,6 +93,21 @@ fusethrottle_fsync_duration_seconds_count{reason="release"} 2
     assert parse_metrics("", 0.0).unsynced is None  # no endpoint: records nothing
 
 
+def test_fsync_histograms_survive_a_csv_cell_and_phases_read_them() -> None:
+    buckets = {0.5: 3.0, 1.0: 7.0, math.inf: 8.0}
+    assert parse_buckets(format_buckets(buckets)) == buckets
+    assert format_buckets({}) is None and parse_buckets(None) == {}
+    # Two scrapes: the fsyncs in between are 4 under 1 s and 1 slower.
+    before = {0.5: 3.0, 1.0: 3.0, math.inf: 3.0}
+    assert phases._fsync_quantiles(before, buckets) == "1 / inf"
+
+
+def test_a_stepping_device_counter_gives_its_average_rate() -> None:
+    # A throttle that hands out 8 MiB every 8 s: 1 MiB/s, whichever phase edge we cut at.
+    points = [(t / 4, float((int(t / 4 + 3) // 8) * 8 * MiB)) for t in range(240)]
+    assert phases._slope(points) / MiB == pytest.approx(1.0, rel=0.1)
+
+
 def test_bad_arguments_are_one_line() -> None:
     res = bench("run", "--arms", "direct,nonsense")
     assert res.returncode == 2
@@ -117,7 +136,7 @@ def test_smoke_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
     res = bench("run", "--smoke", "--out", str(out))
     assert res.returncode == 0, res.stderr[-3000:]
-    for name in ("run.json", "cells.jsonl", "samples.csv", "victim.csv", "writer.csv"):
+    for name in ("run.json", "cells.jsonl", "samples.csv", "victim.csv", "writer.csv", "probe.csv"):
         assert (out / name).stat().st_size > 0, name
     assert "| arm |" in (out / "summary.md").read_text()
     assert list(out.glob("plot-*.png"))
@@ -155,6 +174,15 @@ def test_smoke_run(tmp_path: Path) -> None:
             assert c["writer_fsyncs"] == 0  # 24M < 100 MB: no fsync due yet
         if arm.startswith("ft-"):
             assert c["daemon_cpu_total_s"] is not None
+        # The mount answered stat and readdir while the backup ran (bench.prober).
+        assert c["probe_stat_ops"] > 0 and c["probe_readdir_ops"] > 0, c
+        assert c["probe_readdir_max_ms"] < 60_000, c
+
+    # The per-phase table reads the same files: one line per arm and phase that had samples.
+    table = phases.phase_table(out, "64M:600s")
+    assert "stat / readdir max ms" in table
+    assert sum(1 for line in table.splitlines() if line.startswith("| ft-static r1 |")) == 1
+    assert sum(1 for line in table.splitlines() if line.startswith("| ft-static r1 (tree) |")) == 1
 
     summary = json.loads((out / "summary.json").read_text())
     direct = next(g for g in summary["groups"] if g["arm"] == "direct" and g["workload"] == "seq")
