@@ -274,6 +274,10 @@ def plot_groups(out: Path, cells: Sequence[dict]) -> list[Path]:
     writer = defaultdict(list)
     for r in read_csv(out / "writer.csv"):
         writer[r["cell"]].append(r)
+    probes = defaultdict(list)
+    if (out / "probe.csv").exists():
+        for r in read_csv(out / "probe.csv"):
+            probes[r["cell"]].append((float(r["t"]), float(r["latency_s"]) * 1e3))
 
     arms = _order(cells, "arm")
     colors = {a: f"C{i % 10}" for i, a in enumerate(arms)}
@@ -284,7 +288,7 @@ def plot_groups(out: Path, cells: Sequence[dict]) -> list[Path]:
             group = [c for c in ok if c["target"] == target and c["workload"] == workload]
             if not group:
                 continue
-            panels = _panels(group, samples, victim, writer)
+            panels = _panels(group, samples, victim, writer, probes)
             if not panels:
                 continue
             fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.6 * len(panels)), sharex=True)
@@ -343,10 +347,33 @@ def _rate_limit_line(schedule: str | None, x_end: float) -> tuple[list, list] | 
     return [*xs, max(x_end, t)], [*ys, ys[-1]]
 
 
-def _panels(group: list[dict], samples: dict, victim: dict, writer: dict) -> list[tuple]:
-    absorbed, app, dirty, ft, vic, wlat = [], [], [], [], [], []
+def _fsync_means(rows: list[dict[str, str]]) -> tuple[list[float], list[float]]:
+    """Mean latency (ms) of the fsyncs that completed in each sample interval, from the
+    cumulative count and sum fusethrottle exports; nothing where none completed."""
+    xs, ys = [], []
+    last: tuple[float, float] | None = None
+    for r in rows:
+        if not (r.get("ft_fsyncs") and r.get("ft_fsync_seconds")):
+            continue
+        count, total = float(r["ft_fsyncs"]), float(r["ft_fsync_seconds"])
+        if last is not None and count > last[0]:
+            xs.append(float(r["t"]))
+            ys.append((total - last[1]) / (count - last[0]) * 1e3)
+        last = (count, total)
+    return xs, ys
+
+
+def _panels(
+    group: list[dict], samples: dict, victim: dict, writer: dict, probes: dict | None = None
+) -> list[tuple]:
+    absorbed, app, dirty, ft, fsync, vic, meta, wlat = [], [], [], [], [], [], [], []
     for cell in group:
         rows = samples.get(cell["cell"], [])
+        xf, yf = _fsync_means(rows)
+        if xf:
+            fsync.append((cell, xf, yf, "."))
+        if probes and probes.get(cell["cell"]):
+            meta.append((cell, *_bucket_max(probes[cell["cell"]], 0.25), "-"))
         xs, ys = _series(rows, "t", "absorbed")
         if xs and cell["arm"] != "idle":
             absorbed.append((cell, *_rate(xs, ys, window=2.0), "-"))
@@ -398,8 +425,16 @@ def _panels(group: list[dict], samples: dict, victim: dict, writer: dict) -> lis
         )
     if ft:
         panels.append(("fusethrottle un-synced (solid) and window (dashed)", "MiB", False, ft))
+    if fsync:
+        panels.append(
+            ("fsync latency (mean of the fsyncs completing per 250 ms)", "ms", True, fsync)
+        )
     if vic:
         panels.append(("neighbour's worst 4 KiB op per 250 ms", "ms", True, vic))
+    if meta:
+        panels.append(
+            ("stat / readdir on the mount (or target), worst per 250 ms", "ms", True, meta)
+        )
     if wlat:
         panels.append(
             ("backup's worst write() per 250 ms (at the time it returned)", "ms", True, wlat)
