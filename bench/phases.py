@@ -99,8 +99,10 @@ def phase_table(run: Path, schedule: str) -> str:
                 continue
             counter = [(float(r["t"]), v) for r in part if (v := _num(r["absorbed"])) is not None]
             device = _slope(counter) / MiB
-            queued = [(_num(r["dirty"]) or 0) + (_num(r["writeback"]) or 0) for r in part]
-            busy = 100 * sum(1 for q in queued if q >= MiB / 4) / len(queued)
+            # Work queued for the target: the shared cgroup's Dirty+Writeback (the backup's
+            # pages; the host-wide figure also counts everything else on the host).
+            queued = [(_num(r["cg_dirty"]) or 0) + (_num(r["cg_writeback"]) or 0) for r in part]
+            busy = 100 * sum(1 for q in queued if q >= MiB) / len(queued)
             cgroup = max((_num(r["cg_dirty"]) or 0) + (_num(r["cg_writeback"]) or 0) for r in part)
             unsynced = [v for r in part if (v := _num(r["ft_unsynced"])) is not None]
             window = [v for r in part if (v := _num(r["ft_window"])) is not None]

@@ -100,7 +100,9 @@ class Flusher:
             while True:
                 if self.inject:
                     self._start_due(trio.current_time())
-                deadline = self.ledger.next_deadline(self.max_age) if self.inject else None
+                deadline = (
+                    self.ledger.next_deadline(self.max_age, self._syncing) if self.inject else None
+                )
                 with trio.move_on_at(deadline if deadline is not None else math.inf):
                     await self._wakeup.wait()
                 self._wakeup = trio.Event()

@@ -177,6 +177,47 @@ def test_max_age_flushes_a_small_idle_file(table) -> None:
     run_mock(main)
 
 
+def test_data_aging_behind_a_long_fsync_does_not_spin_the_flusher(table) -> None:
+    """A stalled target: one file's fsync takes 40 s while newer data in it passes max_age.
+
+    The flusher must sleep until that fsync ends, then sync the aged data. (It used to wake
+    at once, over and over, because the passed deadline counted a file it could not start:
+    a whole core burnt and every request slowed for as long as the stall lasted.)
+    """
+    inodes, nodes = table
+
+    async def main() -> None:
+        ledger, gate, flusher, target, _ = make(inodes, 64 * MiB, 4 * MiB, max_age=1.0)
+        target.rate = 0.1 * MiB  # the 4 MiB batch takes 40 s
+        reasons: list[str] = []
+        flusher.on_fsync = lambda reason, s, n, e: reasons.append(reason)
+        passes = 0
+        due = ledger.due
+
+        def counting_due(*args, **kwargs):
+            nonlocal passes
+            passes += 1
+            if passes > 1000:
+                raise AssertionError("the flusher is spinning")
+            return due(*args, **kwargs)
+
+        ledger.due = counting_due  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(flusher.run)
+            await write(ledger, gate, flusher, nodes[0], 4 * MiB)  # a batch: its fsync starts
+            await trio.sleep(0.5)
+            await write(ledger, gate, flusher, nodes[0], MiB)  # dirty behind that fsync
+            await trio.sleep(30.0)  # past max_age, the fsync still running
+            assert passes < 50
+            assert ledger.unsynced == 5 * MiB
+            await trio.sleep(30.0)  # the batch ends at ~40 s, then the aged MiB is synced
+            assert ledger.unsynced == 0
+            nursery.cancel_scope.cancel()
+        assert reasons == ["batch", "age"]
+
+    run_mock(main)
+
+
 def test_batch_trigger_overlaps_with_writing(table) -> None:
     """While one batch syncs, the writer keeps writing into the window (not stop-and-wait)."""
     inodes, nodes = table
