@@ -234,11 +234,11 @@ class Ledger:
         had passed during a long fsync come back at once, and the flusher spun on a whole core
         for as long as the fsync took (found by the degrade bench: 116% daemon CPU in a stall).
         """
-        times = []
-        for s in self.files.values():
-            if s.dirty > 0 and s.dirty_since is not None and s.syncing == 0:
-                if s.nodeid not in busy:
-                    times.append(max(s.dirty_since + max_age, s.retry_after))
+        times = [
+            max(s.dirty_since + max_age, s.retry_after)
+            for s in self.files.values()
+            if s.dirty > 0 and s.dirty_since is not None and s.syncing == 0 and s.nodeid not in busy
+        ]
         return min(times) if times else None
 
     def snapshot(self, now: float) -> LedgerSnapshot:
