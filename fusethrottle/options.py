@@ -68,7 +68,7 @@ class Config:
     fsname: str = ""
     kernel_options: tuple[str, ...] = ()
     # admission
-    mode: str = "static"
+    mode: str = "adaptive"
     batch: int = 64 * MiB
     window: int = 256 * MiB
     max_age: float = 30.0
@@ -242,9 +242,23 @@ def parse_options(items: Iterable[str], **base: object) -> Config:
         except OptionError as err:
             raise OptionError(f"option {key}: {err}") from None
     values["kernel_options"] = tuple(kernel)
+    _bounds_follow_the_window(values)
     config = Config(**values)  # type: ignore[arg-type]
     validate(config)
     return config
+
+
+def _bounds_follow_the_window(values: dict[str, object]) -> None:
+    """In adaptive mode ``window`` is the starting window. One chosen outside the default
+    bounds (``window=8M`` for a small host) moves the bound the user did not set, rather than
+    refusing a setting that meant the same thing under ``mode=static``."""
+    window = values.get("window")
+    if values.get("mode", Config.mode) != "adaptive" or not isinstance(window, int):
+        return
+    if "window_min" not in values and window < Config.window_min:
+        values["window_min"] = window
+    if "window_max" not in values and window > Config.window_max:
+        values["window_max"] = window
 
 
 def validate(config: Config) -> None:

@@ -407,7 +407,9 @@ def _fsync_count(samples: dict, reason: str) -> float:
 @pytest.mark.mount
 def test_scrape_follows_writes_through_a_real_mount(make_mount) -> None:
     port = _free_port()
-    ft = make_mount(options=[f"metrics=127.0.0.1:{port}", "batch=1M", "window=4M", "max_age=60s"])
+    ft = make_mount(
+        options=[f"metrics=127.0.0.1:{port}", "mode=static", "batch=1M", "window=4M", "max_age=60s"]
+    )
     before = _scrape(port)
     assert _value(before, "fusethrottle_written_bytes_total") == 0
     chunk, chunks = 64 * KiB, 80  # 5 MiB: several batches of 1 MiB

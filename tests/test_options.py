@@ -57,12 +57,23 @@ def test_size_roundtrip(n: int, unit: str) -> None:
 def test_defaults_match_the_design() -> None:
     config = parse_options([])
     assert (config.mode, config.batch, config.window, config.max_age) == (
-        "static",
+        "adaptive",
         64 * MiB,
         256 * MiB,
         30.0,
     )
     assert config.writeback_cache is False
+
+
+def test_a_starting_window_outside_the_default_bounds_moves_them() -> None:
+    small = parse_options(["batch=4M", "window=8M"])
+    assert (small.mode, small.window, small.window_min) == ("adaptive", 8 * MiB, 8 * MiB)
+    large = parse_options(["window=4G"])
+    assert (large.window, large.window_max) == (4 * GiB, 4 * GiB)
+    # Bounds the user set are kept, and a window outside them is refused.
+    with pytest.raises(OptionError, match="between window_min and window_max"):
+        parse_options(["batch=4M", "window=8M", "window_min=16M"])
+    assert parse_options(["mode=static", "batch=4M", "window=8M"]).window_min == 16 * MiB
 
 
 def test_full_option_set() -> None:

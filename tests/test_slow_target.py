@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mount_util import start_fusethrottle
+from mount_util import FUSETHROTTLE, start_fusethrottle
 from slow_target import SlowTarget, dirty_and_writeback, skip_reason, slow_target
 
 MiB = 1 << 20
@@ -88,7 +90,7 @@ def test_window_bounds_dirty_pages_and_the_backup_arrives_intact(target, workdir
     source.mkdir()
     mnt = workdir / "mnt"
     mnt.mkdir()
-    daemon = start_fusethrottle(source, mnt, ["batch=16M", "window=64M"])
+    daemon = start_fusethrottle(source, mnt, ["mode=static", "batch=16M", "window=64M"])
     try:
         with PeakSampler() as sampler:
             digest, written = write_stream(mnt / "backup.bin", 1024 * MiB)
@@ -99,6 +101,108 @@ def test_window_bounds_dirty_pages_and_the_backup_arrives_intact(target, workdir
     assert written == 1024 * MiB
     assert sampler.peak <= window + 64 * MiB, f"Dirty+Writeback grew {sampler.peak / MiB:.0f} MiB"
     assert sha256_of(source / "backup.bin") == digest
+
+
+def test_by_default_the_window_shrinks_to_what_a_slow_target_drains(target, workdir) -> None:
+    """mode=adaptive, the default: on a 20 MiB/s target the window settles near 20 MiB/s x
+    drain (2.5 s), far below the 256 MiB it starts from, and so do the dirty pages."""
+    source = target.mountpoint / "backups"
+    source.mkdir()
+    mnt = workdir / "mnt"
+    mnt.mkdir()
+    daemon = start_fusethrottle(source, mnt, [])
+    try:
+        with PeakSampler() as sampler:
+            digest, written = write_stream(mnt / "backup.bin", 512 * MiB)
+        status = subprocess.run(
+            [FUSETHROTTLE, "status", str(mnt), "--json"], capture_output=True, text=True, timeout=30
+        )
+        target.throttle(0)
+        assert daemon.stop() == 0
+    finally:
+        daemon.stop()
+    assert status.returncode == 0, status.stderr
+    controller = json.loads(status.stdout)["controller"]
+    assert controller["mode"] == "adaptive"
+    assert 16 * MiB <= controller["window"] <= 128 * MiB, controller
+    grew = f"Dirty+Writeback grew {sampler.peak / MiB:.0f} MiB"
+    assert sampler.peak <= 128 * MiB + 64 * MiB, grew
+    assert written == 512 * MiB
+    assert sha256_of(source / "backup.bin") == digest
+
+
+def _answers(call, timeout: float = 30.0) -> bool:
+    """Run *call* in a thread; did it return (or raise) within *timeout*? A liveness check,
+    not a speed one: a hung mount would leave it blocked for good."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            call()
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return done.wait(timeout)
+
+
+def test_a_stalled_target_holds_writers_back_without_errors_and_still_answers(
+    target, workdir
+) -> None:
+    """Stall and recovery: the target takes 1 byte/s for 10 s in the middle of a backup.
+
+    The writer waits, gets no error, and its data arrives intact once the target is back;
+    meanwhile stat and readdir through the mount answer, and the un-synced bytes never exceed
+    the largest window the controller may use (window_max).
+    """
+    source = target.mountpoint / "backups"
+    source.mkdir()
+    mnt = workdir / "mnt"
+    mnt.mkdir()
+    daemon = start_fusethrottle(source, mnt, ["batch=8M", "window=16M", "window_max=32M"])
+    result: dict[str, object] = {}
+
+    def backup() -> None:
+        try:
+            result["digest"], result["written"] = write_stream(mnt / "backup.bin", 256 * MiB)
+        except OSError as err:
+            result["error"] = err
+
+    writer = threading.Thread(target=backup, daemon=True)
+    unsynced: list[int] = []
+    answered: list[bool] = []
+    try:
+        writer.start()
+        time.sleep(2)
+        target.throttle(1)  # blk-throttle has no "stop": 1 byte/s is a hung server
+        stall_end = time.monotonic() + 10
+        while time.monotonic() < stall_end:
+            answered.append(_answers(lambda: os.stat(mnt / "backup.bin")))
+            answered.append(_answers(lambda: os.listdir(mnt)))
+            status = subprocess.run(
+                [FUSETHROTTLE, "status", str(mnt), "--json"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert status.returncode == 0, status.stderr
+            unsynced.append(json.loads(status.stdout)["unsynced_bytes"])
+            time.sleep(0.5)
+        stalled_progress = writer.is_alive()
+        target.throttle(0)
+        writer.join(timeout=300)
+        assert not writer.is_alive(), "the backup never finished after the stall ended"
+        assert daemon.stop() == 0
+    finally:
+        target.throttle(0)
+        daemon.stop()
+    assert stalled_progress, "the backup finished during the stall: nothing was held back"
+    assert "error" not in result, result
+    assert all(answered), f"{answered.count(False)} of {len(answered)} stat/readdir hung"
+    assert max(unsynced) <= 32 * MiB, [u // MiB for u in unsynced]
+    assert max(unsynced) > 0
+    assert result["written"] == 256 * MiB
+    assert sha256_of(source / "backup.bin") == result["digest"]
 
 
 def test_plain_passthrough_is_not_bounded(target, workdir) -> None:

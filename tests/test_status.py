@@ -251,7 +251,7 @@ def _status(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]
 
 @pytest.mark.mount
 def test_status_of_a_live_mount(make_mount) -> None:
-    ft = make_mount(options=["batch=1M", "window=8M"])
+    ft = make_mount(options=["mode=static", "batch=1M", "window=8M"])
     mnt = str(ft.mountpoint)
     (ft.mountpoint / "dir").mkdir()
     with open(ft.mountpoint / "dir" / "data", "wb") as f:
