@@ -579,7 +579,8 @@ class Metrics:
             syncing_bytes=ledger.syncing,
             dirty_files=ledger.dirty_files,
             oldest_unsynced_age_seconds=ledger.oldest_age,
-            window_bytes=int(getattr(mount.controller, "window", config.window)),
+            # The bound in force (slow start included), not just what the controller decided.
+            window_bytes=int(mount.gate.window()),
             written_bytes=rec.written_bytes,
             read_bytes=rec.read_bytes,
             synced_bytes=ledger.synced_total,
