@@ -88,7 +88,11 @@ Limits:
 - The target's base latency counts toward the drain time, so a target whose fsync round trip
   approaches ``drain_s`` gets ``window_min``.
 - A slowdown is only seen when an fsync completes, so the data admitted before it (the window in
-  force then) still has to drain at the new speed. A smaller ``drain_s`` shortens that.
+  force then) still has to drain at the new speed, and a writer waits until it has drained to
+  the new window. In the degrade bench (20 -> 1 MiB/s, ``bench/results/2026-11-22-degrade-3``
+  and ``-4``) one write() waited 28-50 s in four runs (static: its 60 s admission_timeout; the
+  kernel's 64 MiB limit: 8 s). A smaller ``drain_s`` shortens that; syncing in smaller pieces
+  and letting writers trickle in while an oversized backlog drains would too (not built).
 - With the flusher's current rule (an fsync at ``batch`` dirty bytes or a full window), a window
   below 2 x ``batch`` leaves the target idle while the writer refills it: 5% throughput at
   20 MiB/s with a 400 MiB/s writer. Starting an fsync at half the window removes it (see
