@@ -62,17 +62,17 @@ PRESETS: dict[str, Preset] = {
         ),
         targets=("loop",),
         schedule={
-            "full": "20M:30s,2M:60s,0:30s,20M:30s",
-            "quick": "20M:10s,2M:10s,0:5s,20M:10s",
+            "full": "20M:30s,1M:60s,0:30s,20M:30s",  # issue 4's scenario
+            "quick": "20M:10s,1M:20s,0:5s,20M:10s",
             "smoke": "64M:1s,8M:1s,0:1s,64M:1s",
         },
         workloads={"full": "seq:64G", "quick": "seq:64G", "smoke": "seq:64G"},
         arms={
-            "full": ALL_ARMS,
+            "full": "idle,direct-bdi,ft-static,ft-adaptive",
             "quick": "direct,direct-fsync,direct-bdi,ft-static,ft-adaptive",
             "smoke": "direct,ft-static",
         },
-        repeats={"full": 1, "quick": 1, "smoke": 1},
+        repeats={"full": 2, "quick": 1, "smoke": 1},
         victim="fdatasync",
         cgroup_mem={"full": 1 * GiB, "quick": 512 * MiB, "smoke": 256 * MiB},
         idle={"full": 150.0, "quick": 35.0, "smoke": 1.0},

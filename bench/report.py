@@ -492,5 +492,13 @@ def build(out: Path, plots: bool = True) -> tuple[dict, str]:
         md.append("")
     for path in made:
         md.append(f"![{path.stem}]({path.name})")
+    # A rate that changes over the run: one line per arm, repeat and phase (bench.phases).
+    schedules = {c.get("schedule") for c in cells if c.get("status") == "ok"}
+    if len(schedules) == 1 and (schedule := schedules.pop()) and "," in schedule:
+        from bench.phases import phase_table
+
+        table = phase_table(out, schedule)
+        (out / "phases.md").write_text(table + "\n")
+        md += ["", f"### Per phase ({schedule}; also in phases.md)", "", table]
     (out / "summary.md").write_text("\n".join(md) + "\n")
     return summary, console_table(groups)
