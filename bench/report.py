@@ -407,39 +407,18 @@ def _panels(
             # Markers, not a line: a write() stuck for 10 s logs nothing until it returns, and a
             # line would draw a slope across the gap. Each dot is placed when the write returned.
             wlat.append((cell, *_bucket_max(lat, 0.25), "."))
-    panels = []
-    if absorbed:
-        panels.append(
-            (
-                "what the target absorbed (device writes; dashed: its rate limit)",
-                "MiB/s",
-                False,
-                absorbed,
-            )
-        )
-    if app:
-        panels.append(("what the backup wrote (write() returns)", "MiB/s", False, app))
-    if dirty:
-        panels.append(
-            ("Dirty+Writeback, host (solid) and shared cgroup (dotted)", "MiB", False, dirty)
-        )
-    if ft:
-        panels.append(("fusethrottle un-synced (solid) and window (dashed)", "MiB", False, ft))
-    if fsync:
-        panels.append(
-            ("fsync latency (mean of the fsyncs completing per 250 ms)", "ms", True, fsync)
-        )
-    if vic:
-        panels.append(("neighbour's worst 4 KiB op per 250 ms", "ms", True, vic))
-    if meta:
-        panels.append(
-            ("stat / readdir on the mount (or target), worst per 250 ms", "ms", True, meta)
-        )
-    if wlat:
-        panels.append(
-            ("backup's worst write() per 250 ms (at the time it returned)", "ms", True, wlat)
-        )
-    return panels
+    specs = [
+        (absorbed, "what the target absorbed (device writes; dashed: its rate limit)", "MiB/s", 0),
+        (app, "what the backup wrote (write() returns)", "MiB/s", 0),
+        (dirty, "Dirty+Writeback, host (solid) and shared cgroup (dotted)", "MiB", 0),
+        (ft, "fusethrottle un-synced (solid) and window (dashed)", "MiB", 0),
+        (fsync, "fsync latency (mean of the fsyncs completing per 250 ms)", "ms", 1),
+        (vic, "neighbour's worst 4 KiB op per 250 ms", "ms", 1),
+        (meta, "stat / readdir on the mount (or target), worst per 250 ms", "ms", 1),
+        (wlat, "backup's worst write() per 250 ms (at the time it returned)", "ms", 1),
+    ]
+    # (title, unit, log scale, lines) for every panel that has something to draw
+    return [(title, unit, bool(logy), lines) for lines, title, unit, logy in specs if lines]
 
 
 # --- entry point -------------------------------------------------------------------------------
