@@ -153,6 +153,11 @@ class _CostMeter:
     def full(self) -> bool:
         return len(self._recent) == self._recent.maxlen
 
+    @property
+    def rate(self) -> float | None:
+        """Bytes/s over the recent samples; None until one was recorded."""
+        return None if self.recent is None else MiB / self.recent
+
     def keep_newest(self, count: int) -> None:
         """Forget all but the newest *count* samples: they describe a target that is gone."""
         while len(self._recent) > max(count, 1):
@@ -225,8 +230,7 @@ class StaticController:
     @property
     def commit_rate(self) -> float | None:
         """Bytes/s the target recently committed this mount's data at; None until measured."""
-        recent = self._costs.recent
-        return None if recent is None else MiB / recent
+        return self._costs.rate
 
     def snapshot(self) -> ControllerState:
         costs = self._costs
@@ -346,8 +350,7 @@ class AdaptiveController:
     @property
     def commit_rate(self) -> float | None:
         """Bytes/s the target recently committed this mount's data at; None until measured."""
-        recent = self._costs.recent
-        return None if recent is None else MiB / recent
+        return self._costs.rate
 
     def snapshot(self) -> ControllerState:
         costs = self._costs
