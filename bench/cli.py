@@ -46,12 +46,13 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--arms",
         help="comma list: idle,direct,direct-fsync[:100M],direct-bdi[:64M],ft-off,"
-        "ft-static[:opts],ft-adaptive[:opts]",
+        "ft-static[:opts],ft-adaptive[:opts],c-ll[:opts],c-ll-wb[:opts] (c-ll: libfuse's C "
+        "passthrough_ll example, compiled at run time; -wb: with -o writeback)",
     )
     r.add_argument(
         "--workload",
         help="comma list of NAME[:SIZE]: seq, small4k, small10k, tree, tarball, fio, fio-rand, "
-        "dd4k, dd128k, dd1m, files[:COUNT]",
+        "dd4k, dd10k, dd128k, dd1m, files[:COUNT], read",
     )
     r.add_argument("--size", type=parse_size, help="size of every workload without its own")
     r.add_argument("--repeats", type=int)
@@ -66,10 +67,18 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--idle", type=parse_duration, help="length of the idle arm")
     r.add_argument(
-        "--ft-options", help="-o options for every ft-* arm (default batch=64M,window=256M)"
+        "--ft-options",
+        help="-o options for every ft-* arm (default: the preset's, batch=64M,window=256M; "
+        "none for passthrough, which measures the daemon's defaults)",
     )
     r.add_argument("--fusethrottle", help="path of the fusethrottle command")
-    r.add_argument("--no-metrics", action="store_true", help="do not ask the daemon for metrics")
+    r.add_argument(
+        "--metrics",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="scrape fusethrottle's metrics endpoint (default: yes, except in passthrough, where "
+        "the scraping would add to the daemon CPU being compared)",
+    )
     r.add_argument("--image-size", type=parse_size, help="loop image / tmpfs size (default 8G)")
     r.add_argument("--no-plots", action="store_true")
     r.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None)
@@ -102,7 +111,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         daemon_in_cgroup=args.daemon_in_cgroup,
         idle=args.idle,
         ft_options=args.ft_options,
-        metrics=not args.no_metrics,
+        metrics=args.metrics,
         image_size=args.image_size,
         plots=not args.no_plots,
         verify=args.verify,
@@ -147,8 +156,10 @@ def preflight(plan: Plan) -> None:
         tools.add("fio")
     if kinds & {"tree", "tarball"}:
         tools.add("tar")
-    if any(a.is_fusethrottle for a in plan.arms):
+    if any(a.is_fuse for a in plan.arms):
         tools.add("fusermount3")
+    if kinds & {"files"}:
+        tools |= {"ls", "find", "stat", "rm"}
     import shutil
 
     missing = sorted(t for t in tools if shutil.which(t) is None)

@@ -96,13 +96,26 @@ def format_schedule(steps: tuple[RateStep, ...]) -> str:
 
 # --- arms ---------------------------------------------------------------------------------------
 
-ARM_KINDS = ("idle", "direct", "direct-fsync", "direct-bdi", "ft-off", "ft-static", "ft-adaptive")
+ARM_KINDS = (
+    "idle",
+    "direct",
+    "direct-fsync",
+    "direct-bdi",
+    "ft-off",
+    "ft-static",
+    "ft-adaptive",
+    "c-ll",
+    "c-ll-wb",
+)
+# The C reference arms: libfuse's own example passthrough_ll.c, built by the harness at run time,
+# with the -o options each adds to the upstream defaults (see bench/daemon.py).
+C_ARM_OPTIONS = {"c-ll": "", "c-ll-wb": "writeback"}
 
 
 @dataclass(frozen=True)
 class ArmSpec:
     """One way of running the backup. ``param`` refines it: the fsync interval for direct-fsync,
-    max_bytes for direct-bdi, extra ``-o`` options for the ft-* arms."""
+    max_bytes for direct-bdi, extra ``-o`` options for the ft-* and c-ll* arms."""
 
     kind: str
     param: str = ""
@@ -116,8 +129,21 @@ class ArmSpec:
         return self.kind.startswith("ft-")
 
     @property
+    def is_c_passthrough(self) -> bool:
+        """libfuse's C passthrough_ll: the reference a FUSE passthrough can hope to reach."""
+        return self.kind in C_ARM_OPTIONS
+
+    @property
+    def is_fuse(self) -> bool:
+        return self.is_fusethrottle or self.is_c_passthrough
+
+    @property
     def ft_mode(self) -> str:
         return self.kind.removeprefix("ft-")
+
+    def c_options(self) -> str:
+        """passthrough_ll's ``-o`` options besides ``source=``: the arm's own plus ``param``."""
+        return ",".join(o for o in (C_ARM_OPTIONS[self.kind], self.param) if o)
 
     def fsync_every(self) -> int:
         """Bytes between the writer's own fsyncs in the direct-fsync arm (the published fix)."""
@@ -143,6 +169,8 @@ def parse_arms(text: str) -> tuple[ArmSpec, ...]:
             parse_size(param)
         if kind in ("idle", "direct") and param:
             raise PlanError(f"arm {kind} takes no parameter")
+        if arm.is_c_passthrough and any(o.strip().startswith("source=") for o in param.split(",")):
+            raise PlanError(f"arm {part!r}: the harness sets source= itself")
         if arm in arms:
             raise PlanError(f"arm {part!r} given twice")
         arms.append(arm)
@@ -167,10 +195,17 @@ WORKLOAD_KINDS = {
     "fio": (1 * GiB, "fio: sequential buffered 1 MiB writes, psync engine"),
     "fio-rand": (256 * MiB, "fio: random buffered writes of 4-64 KiB into one file"),
     "dd4k": (1 * GiB, "dd if=/dev/zero bs=4k"),
+    "dd10k": (1 * GiB, "dd if=/dev/zero bs=10k (tar's record size)"),
     "dd128k": (1 * GiB, "dd if=/dev/zero bs=128k"),
     "dd1m": (1 * GiB, "dd if=/dev/zero bs=1M"),
-    "files": (10_000, "create N small files (N, not bytes), then ls -lR the tree"),
+    "files": (
+        10_000,
+        "N files (a count, not bytes) of 4 KiB in 100 directories; then ls -lR and stat of "
+        "every file, cold and warm; then rm -rf, each phase timed on its own",
+    ),
+    "read": (1 * GiB, "a file written through the mount, page cache dropped, read by dd bs=1M"),
 }
+DD_BLOCKS = {"dd4k": 4 * KiB, "dd10k": 10 * KiB, "dd128k": 128 * KiB, "dd1m": MiB}
 
 
 @dataclass(frozen=True)

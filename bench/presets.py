@@ -20,6 +20,10 @@ from bench.plan import (
 )
 
 ALL_ARMS = "idle,direct,direct-fsync,direct-bdi,ft-off,ft-static,ft-adaptive"
+# Like with like: fusethrottle's defaults on tmpfs serve xattrs (the target has them), as
+# passthrough_ll does with -o xattr; with xattrs=off (what the default does on NFS/EFS, which
+# have none) it compares with passthrough_ll's upstream default, which serves none.
+PASSTHROUGH_ARMS = "direct,ft-adaptive,ft-adaptive:xattrs=off,c-ll,c-ll-wb,c-ll-wb:xattr"
 SCALES = ("full", "quick", "smoke")
 
 
@@ -38,6 +42,10 @@ class Preset:
     idle: dict[str, float]
     duration_from_schedule: bool = False
     extra: dict[str, dict[str, object]] = field(default_factory=dict)
+    # -o options every ft-* arm gets (--ft-options overrides); "" measures the daemon's defaults.
+    ft_options: str = "batch=64M,window=256M"
+    # Scrape the daemon's metrics endpoint (it costs the daemon CPU: off where CPU is compared).
+    metrics: bool = True
 
 
 PRESETS: dict[str, Preset] = {
@@ -98,21 +106,29 @@ PRESETS: dict[str, Preset] = {
     ),
     "passthrough": Preset(
         about=(
-            "issue 2's report: 1 GiB dd at 4K/128K/1M and 10,000 small files + ls -lR onto "
-            "tmpfs and ext4, native vs fusethrottle mode=off, MiB/s and CPU-s per GiB"
+            "issue 11's side-by-side report: dd at 4K/10K/128K/1M, 10,000 small files (create, "
+            "ls -lR and stat cold and warm, rm -rf) and a sequential read onto tmpfs: native vs "
+            "fusethrottle with its default options vs libfuse's C passthrough_ll (with and "
+            "without -o writeback), MiB/s or files/s and CPU-s per GiB (writer + daemon)"
         ),
-        targets=("tmpfs", "rootdir"),
+        targets=("tmpfs",),
         schedule={"full": "none", "quick": "none", "smoke": "none"},
         workloads={
-            "full": "dd4k:1G,dd128k:1G,dd1m:1G,files:10000",
-            "quick": "dd4k:256M,dd128k:256M,dd1m:256M,files:10000",
-            "smoke": "dd4k:4M,dd1m:16M,files:200",
+            "full": "dd4k:1G,dd10k:1G,dd128k:1G,dd1m:1G,files:10000,read:1G",
+            "quick": "dd4k:256M,dd10k:256M,dd128k:256M,dd1m:256M,files:10000,read:256M",
+            "smoke": "dd4k:2M,dd10k:2M,dd128k:8M,dd1m:16M,files:200,read:16M",
         },
-        arms={"full": "direct,ft-off", "quick": "direct,ft-off", "smoke": "direct,ft-off"},
-        repeats={"full": 3, "quick": 1, "smoke": 1},
+        arms={
+            "full": PASSTHROUGH_ARMS,
+            "quick": PASSTHROUGH_ARMS,
+            "smoke": "direct,ft-adaptive:xattrs=off,c-ll",
+        },
+        repeats={"full": 3, "quick": 2, "smoke": 1},  # quick: ~4 min on 2 cores
         victim="none",
         cgroup_mem={"full": 0, "quick": 0, "smoke": 0},
         idle={"full": 10.0, "quick": 5.0, "smoke": 1.0},
+        ft_options="",
+        metrics=False,
     ),
 }
 
@@ -133,7 +149,7 @@ def build_plan(
     daemon_in_cgroup: bool | None = None,
     idle: float | None = None,
     ft_options: str | None = None,
-    metrics: bool = True,
+    metrics: bool | None = None,
     image_size: int | None = None,
     plots: bool = True,
     verify: bool | None = None,
@@ -175,8 +191,8 @@ def build_plan(
         cgroup_mem=p.cgroup_mem[scale] if cgroup_mem is None else cgroup_mem,
         daemon_in_cgroup=True if daemon_in_cgroup is None else daemon_in_cgroup,
         idle_seconds=p.idle[scale] if idle is None else idle,
-        ft_options=ft_options if ft_options is not None else "batch=64M,window=256M",
-        metrics=metrics,
+        ft_options=ft_options if ft_options is not None else p.ft_options,
+        metrics=p.metrics if metrics is None else metrics,
         lead_seconds=0.3 if smoke else 1.0,
         tail_seconds=0.3 if smoke else 1.0,
         verify=smoke if verify is None else verify,
@@ -196,4 +212,8 @@ def describe() -> str:
                 f"workloads={p.workloads[scale]} arms={p.arms[scale]} repeats={p.repeats[scale]} "
                 f"victim={p.victim} cgroup={cg}"
             )
+        lines.append(
+            f"  ft-* options: {p.ft_options or '(the daemon defaults)'}; "
+            f"metrics scraped: {'yes' if p.metrics else 'no'}"
+        )
     return "\n".join(lines)

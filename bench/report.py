@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import sidebyside
 from bench.results import dump_json, read_cells, read_csv
 from bench.stats import finite, median
 
@@ -48,7 +49,13 @@ METRICS = (
     Metric("ft_fsync_p99_le_ms", "ft fsync p99 bucket ms", ".0f", "low"),
     Metric("cpu_s_per_gib", "CPU-s/GiB", ".2f", "low"),
     Metric("wl_create_s", "create s", ".2f", "low"),
-    Metric("wl_ls_s", "ls -lR s", ".2f", "low"),
+    Metric("wl_ls_s", "ls -lR s", ".2f", "low"),  # runs before the cold/warm split
+    Metric("wl_ls_cold_s", "ls -lR cold s", ".2f", "low"),
+    Metric("wl_ls_warm_s", "ls -lR warm s", ".2f", "low"),
+    Metric("wl_stat_cold_s", "stat cold s", ".2f", "low"),
+    Metric("wl_stat_warm_s", "stat warm s", ".2f", "low"),
+    Metric("wl_rm_s", "rm -rf s", ".2f", "low"),
+    Metric("wl_prepare_s", "write before read s", ".2f", ""),
     Metric("absorbed_ratio", "absorbed/written", ".2f", ""),
     Metric("load1_start", "load1", ".2f", ""),
 )
@@ -429,9 +436,16 @@ def build(out: Path, plots: bool = True) -> tuple[dict, str]:
     cells = read_cells(out)
     run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
     groups = aggregate(cells)
-    summary = {"run": run, "groups": groups, "ratios_vs_direct": ratios(groups)}
+    side = sidebyside.build(cells)
+    summary = {
+        "run": run,
+        "groups": groups,
+        "ratios_vs_direct": ratios(groups),
+        "side_by_side": side,
+    }
     dump_json(out / "summary.json", summary)
     made = plot_groups(out, cells) if plots else []
+    side_plots = sidebyside.plot(out, side) if plots and side else []
     md = [f"# fusethrottle bench: {run.get('preset', '?')} ({run.get('scale', '?')})", ""]
     if run.get("command"):
         md += ["Command:", "", "```", run["command"], "```", ""]
@@ -454,8 +468,14 @@ def build(out: Path, plots: bool = True) -> tuple[dict, str]:
             f"Victim: {plan.get('victim')} every {plan.get('victim_interval')} s; shared memory "
             f"cgroup: {plan.get('cgroup_mem_mib') or 'none'} MiB"
             f"{' (daemon inside it)' if plan.get('daemon_in_cgroup') else ''}; "
-            f"fusethrottle options: {plan.get('ft_options')}; repeats: {plan.get('repeats')}."
+            f"fusethrottle options: {plan.get('ft_options') or '(the daemon defaults)'}"
+            f"{'' if plan.get('metrics', True) else ', metrics not scraped'}; "
+            f"repeats: {plan.get('repeats')}."
         )
+    if side:
+        md += ["", sidebyside.markdown(side, cells, run)]
+        md += [f"![{path.stem}]({path.name})" for path in side_plots]
+        md += ["", "## Every arm, every number", ""]
     md += ["", "Values are medians over repeats, (min-max) when there were several.", ""]
     md.append(markdown_tables(groups))
     rat = ratios(groups)
@@ -480,4 +500,7 @@ def build(out: Path, plots: bool = True) -> tuple[dict, str]:
         (out / "phases.md").write_text(table + "\n")
         md += ["", f"### Per phase ({schedule}; also in phases.md)", "", table]
     (out / "summary.md").write_text("\n".join(md) + "\n")
-    return summary, console_table(groups)
+    console = console_table(groups)
+    if side:
+        console += "\n" + sidebyside.text(side)
+    return summary, console

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from bench import analysis
 from bench.cgroup import MemoryCgroup
-from bench.daemon import FuseThrottleMount, find_executable
+from bench.daemon import (
+    CBuild,
+    FuseThrottleMount,
+    PassthroughLLMount,
+    build_passthrough_ll,
+    find_executable,
+)
 from bench.plan import ArmSpec, Plan, WorkloadSpec, format_schedule
 from bench.prober import MetadataProber
 from bench.results import ResultWriter, now_iso
@@ -39,11 +45,28 @@ from bench.system import (
     start,
 )
 from bench.target import BdiLimit, Target, make_target
-from bench.workloads import JobContext, WorkloadResult, make_tree, run_workload, skip_reason
+from bench.workloads import (
+    JobContext,
+    WorkloadResult,
+    make_tree,
+    prepare_workload,
+    run_workload,
+    skip_reason,
+)
 
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
+
+Daemon = FuseThrottleMount | PassthroughLLMount
+
+
+def ft_mount_options(plan: Plan, arm: ArmSpec) -> str:
+    """The -o options an ft-* arm mounts with, before the metrics endpoint the harness may add:
+    the mode the arm is named after, the plan's --ft-options, the arm's own. With empty
+    --ft-options (the passthrough preset) that is ``mode=...`` alone: the daemon's defaults."""
+    opts = f"mode={arm.ft_mode},{plan.ft_options},{arm.param}"
+    return ",".join(o for o in opts.split(",") if o)
 
 
 class Runner:
@@ -60,7 +83,8 @@ class Runner:
         self.workdir = Path(f"/var/tmp/fusethrottle-bench-{pid}")
         self.scratch = JOURNAL_DIR / f"run-{pid}"
         self._trees: dict[int, tuple[Path, int, int]] = {}
-        self._daemon: FuseThrottleMount | None = None
+        self._daemon: Daemon | None = None
+        self._c_build: CBuild | ArmSkipped | BenchError | None = None
         self.order = 0
         self.env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
         self.python = [sys.executable, "-m"]
@@ -169,7 +193,25 @@ class Runner:
             return target.bdi_skip_reason()
         if arm.is_fusethrottle and self.exe is None:
             return self.exe_reason
+        if arm.is_c_passthrough:
+            if not os.path.exists("/dev/fuse"):
+                return "/dev/fuse is absent: no FUSE mounts here"
+            build = self.c_build()
+            if isinstance(build, ArmSkipped):
+                return str(build)
         return None
+
+    def c_build(self) -> CBuild | ArmSkipped | BenchError:
+        """libfuse's passthrough_ll, compiled (or found up to date) once per run; a missing tool
+        is remembered as the reason every C arm is skipped, a compile error as why it failed."""
+        if self._c_build is None:
+            try:
+                self._c_build = build_passthrough_ll(cache=None)
+                self.results.write_run({"passthrough_ll": self._c_build.info()})
+            except (ArmSkipped, BenchError) as err:
+                log.warning("c-ll arms: %s", err)
+                self._c_build = err
+        return self._c_build
 
     def _run(
         self,
@@ -193,26 +235,30 @@ class Runner:
                 assert target.bdi is not None
                 BdiLimit(target.bdi, arm.bdi_max_bytes(), self.teardown, target.image).apply()
 
-            daemon = None
+            daemon: Daemon | None = None
             write_dir = dest
-            if arm.is_fusethrottle:
-                assert self.exe is not None
+            if arm.is_fuse:
                 backing = dest / "backing"
                 backing.mkdir()
-                opts = f"mode={arm.ft_mode},{plan.ft_options},{arm.param}"
-                daemon = FuseThrottleMount(
-                    self.exe,
-                    backing,
-                    self.scratch / f"mnt-{self.order}",
-                    opts.replace(",,", ",").strip(","),
-                    self.results.out / "logs" / f"{cell}-daemon.log",
-                    self.teardown,
-                    procs if plan.daemon_in_cgroup else None,
-                    plan.metrics,
-                )
+                daemon = self._make_daemon(arm, cell, backing, procs)
                 self._daemon = daemon  # closed gently by run_cell if the arm fails
                 daemon.start()
                 write_dir = daemon.mountpoint
+
+            ctx = JobContext(
+                teardown=self.teardown,
+                scratch=scratch,
+                python=self.python,
+                env=self.env,
+                cgroup_procs=procs,
+                set_writer_pid=lambda pid: None,  # the sampler follows the writer from t0 on
+                tree_source=self._tree,
+                verify=plan.verify,
+                daemon_cpu=lambda: (
+                    process_cpu_seconds(daemon.pid) if daemon and daemon.pid else None
+                ),
+            )
+            prepared = {} if arm.kind == "idle" else prepare_workload(workload, write_dir, ctx)
 
             victim_log = scratch / "victim.csv"
             victim = None
@@ -247,16 +293,7 @@ class Runner:
                 time.sleep(plan.idle_seconds)
                 wres = WorkloadResult(seconds=plan.idle_seconds)
             else:
-                ctx = JobContext(
-                    teardown=self.teardown,
-                    scratch=scratch,
-                    python=self.python,
-                    env=self.env,
-                    cgroup_procs=procs,
-                    set_writer_pid=lambda pid: setattr(sampler, "writer_pid", pid),
-                    tree_source=self._tree,
-                    verify=plan.verify,
-                )
+                ctx.set_writer_pid = lambda pid: setattr(sampler, "writer_pid", pid)
                 wres = run_workload(workload, arm, write_dir, ctx)
             t_written = time.monotonic()
             sampler.writer_pid = None
@@ -266,8 +303,9 @@ class Runner:
             if daemon:
                 stop_info = daemon.stop(timeout=plan.daemon_stop_timeout)
                 if stop_info["exit_code"] != 0:
+                    how = "on SIGTERM" if arm.is_fusethrottle else "after its unmount"
                     raise BenchError(
-                        f"fusethrottle exited {stop_info['exit_code']} on SIGTERM: "
+                        f"{daemon.name} exited {stop_info['exit_code']} {how}: "
                         f"{stop_info['stderr_tail']}"
                     )
             t_flushed = time.monotonic()
@@ -322,7 +360,7 @@ class Runner:
             "cgroup_failcnt": cg_failcnt,
             "t0_monotonic": t0,
         }
-        out |= {f"wl_{k}": v for k, v in wres.extra.items()}
+        out |= {f"wl_{k}": v for k, v in (prepared | wres.extra).items()}
         if daemon:
             during = (
                 daemon_cpu1 - daemon_cpu0
@@ -335,6 +373,10 @@ class Runner:
                 "daemon_stop_s": stop_info.get("stop_seconds"),
                 "daemon_mount_s": stop_info.get("mount_seconds"),
                 "daemon_options": daemon.options,
+                "daemon": daemon.name,
+                "daemon_pid": daemon.pid,
+                "daemon_command": " ".join(daemon.command),
+                "daemon_invocation": daemon.generic_command(),
             }
         cpu = wres.cpu_s + (out.get("daemon_cpu_s") or 0.0)  # type: ignore[operator]
         out["cpu_s_per_gib"] = analysis.cpu_per_gib(cpu, wres.bytes)
@@ -350,6 +392,30 @@ class Runner:
         out |= analysis.probe_stats(probes)
         self.results.add_writer(cell, _read_jsonl(scratch / "writer.jsonl"), t0)
         return out
+
+    def _make_daemon(self, arm: ArmSpec, cell: str, backing: Path, procs: str | None) -> Daemon:
+        """The arm's FUSE daemon over *backing* (on the target), not started yet."""
+        mountpoint = self.scratch / f"mnt-{self.order}"
+        log_path = self.results.out / "logs" / f"{cell}-daemon.log"
+        cgroup = procs if self.plan.daemon_in_cgroup else None
+        if arm.is_fusethrottle:
+            assert self.exe is not None
+            return FuseThrottleMount(
+                self.exe,
+                backing,
+                mountpoint,
+                ft_mount_options(self.plan, arm),
+                log_path,
+                self.teardown,
+                cgroup,
+                self.plan.metrics,
+            )
+        build = self.c_build()
+        if not isinstance(build, CBuild):
+            raise build
+        return PassthroughLLMount(
+            build.binary, backing, mountpoint, arm.c_options(), log_path, self.teardown, cgroup
+        )
 
     def _start_victim(self, cell: str, log_path: Path, procs: str | None) -> Child:
         plan = self.plan

@@ -113,6 +113,19 @@ def process_wchar(pid: int) -> int | None:
     return None
 
 
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def drop_caches(level: int) -> None:
+    """sync, then drop clean caches machine-wide: 1 the page cache, 2 dentries and inodes, 3 both.
+
+    What makes a phase "cold": a read or a lookup must reach the filesystem (through FUSE, the
+    daemon) instead of the kernel's caches. Needs root.
+    """
+    os.sync()
+    write_sysfs(DROP_CACHES, str(level))
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import subprocess
 import time
@@ -16,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.plan import ArmSpec, MiB, WorkloadSpec, fsync_skip_reason
-from bench.system import BenchError, Child, Teardown, start
+from bench.plan import DD_BLOCKS, ArmSpec, MiB, WorkloadSpec, fsync_skip_reason
+from bench.system import BenchError, Child, Teardown, drop_caches, start
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +53,34 @@ class JobContext:
     set_writer_pid: Callable[[int | None], None]
     tree_source: Callable[[int], tuple[Path, int, int]]  # size -> (dir, files, bytes)
     verify: bool = False
+    # utime+stime of the arm's FUSE daemon so far (None: no daemon), so a job with several
+    # phases can charge each its own share: "CPU = writer + daemon" per phase.
+    daemon_cpu: Callable[[], float | None] = lambda: None
 
 
 def skip_reason(workload: WorkloadSpec, arm: ArmSpec) -> str | None:
     """Why this workload cannot run in this arm (None: it can)."""
     if arm.kind == "direct-fsync":
         return fsync_skip_reason(workload)
+    if workload.kind == "read" and os.geteuid() != 0:
+        return "read drops the page cache before reading (/proc/sys/vm/drop_caches): needs root"
     return None
+
+
+def prepare_workload(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> dict[str, float]:
+    """What a job needs in place before its timed part starts (before t0, outside every number
+    of the arm): the file that ``read`` reads, written through the same mount, then every clean
+    cache dropped so the read has to go through the daemon to the target."""
+    if workload.kind != "read":
+        return {}
+    count = max(1, workload.size // MiB)
+    cmd = ["dd", "if=/dev/zero", f"of={dest / 'read.bin'}", "bs=1M", f"count={count}"]
+    t0 = time.monotonic()
+    child = _run_one("read-prepare", [*cmd, "status=none"], ctx)
+    _wait(child, ctx, "dd (writing the file to read)")
+    written = time.monotonic() - t0
+    drop_caches(3)
+    return {"prepare_s": written}
 
 
 def run_workload(
@@ -72,10 +94,12 @@ def run_workload(
         return _fio(workload, arm, dest, ctx)
     if kind in ("tree", "tarball"):
         return _tar(workload, dest, ctx)
-    if kind.startswith("dd"):
+    if kind in DD_BLOCKS:
         return _dd(workload, dest, ctx)
     if kind == "files":
         return _files(workload, dest, ctx)
+    if kind == "read":
+        return _read(workload, dest, ctx)
     raise BenchError(f"no runner for workload {kind}")
 
 
@@ -219,7 +243,9 @@ def _tar(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
 
 
 def _dd(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
-    bs = {"dd4k": 4096, "dd128k": 128 * 1024, "dd1m": MiB}[workload.kind]
+    """dd if=/dev/zero: timed until dd exits (its close() included, which with a FUSE
+    writeback cache waits for the kernel to hand the file's dirty pages to the daemon)."""
+    bs = DD_BLOCKS[workload.kind]
     count = max(1, workload.size // bs)
     cmd = ["dd", "if=/dev/zero", f"of={dest / 'dd.bin'}", f"bs={bs}", f"count={count}"]
     cmd.append("status=none")
@@ -234,25 +260,92 @@ def _dd(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
     )
 
 
-def _files(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
-    count = workload.size
-    out = ctx.scratch / "files.out"
-    cmd = [*ctx.python, "bench.writer", "files", "--dir", str(dest / "files")]
-    cmd += ["--count", str(count)]
+def _read(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
+    """Sequential read of the file prepare_workload wrote, cold (the page cache was dropped)."""
+    count = max(1, workload.size // MiB)
+    cmd = ["dd", f"if={dest / 'read.bin'}", "of=/dev/null", "bs=1M", f"count={count}"]
     t0 = time.monotonic()
+    child = _run_one("dd", [*cmd, "status=none"], ctx)
+    _wait(child, ctx, "dd (reading)")
+    return WorkloadResult(
+        bytes=count * MiB,
+        files=1,
+        seconds=time.monotonic() - t0,
+        cpu_s=child.cpu_seconds or 0.0,
+    )
+
+
+# The files job's phases, in order; each leaves wl_<phase>_s and wl_<phase>_cpu_s in its cell.
+FILES_PHASES = ("create", "ls_cold", "ls_warm", "stat_cold", "stat_warm", "rm")
+
+
+def _phase(
+    name: str, cmd: list[str], ctx: JobContext, cold: bool
+) -> tuple[float, float, float] | None:
+    """One timed phase as its own process: (seconds, its CPU, the daemon's CPU meanwhile).
+
+    Cold phases first drop dentries and inodes (``echo 2 > drop_caches``): every name must be
+    looked up again, through the daemon on a FUSE mount. That needs root; without it the cold
+    phases are left out (None) rather than measured warm under a cold label.
+    """
+    if cold:
+        if os.geteuid() != 0:
+            return None
+        drop_caches(2)
+    d0 = ctx.daemon_cpu()
+    t0 = time.monotonic()
+    child = _run_one(name, cmd, ctx)
+    _wait(child, ctx, f"{name} ({_tail(ctx.scratch / f'{name}.err')})")
+    seconds = time.monotonic() - t0
+    d1 = ctx.daemon_cpu()
+    daemon = d1 - d0 if d0 is not None and d1 is not None else 0.0
+    return seconds, child.cpu_seconds or 0.0, daemon
+
+
+def _files(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
+    """mkdir x100 + create/write 4 KiB/close N files; then ls -lR cold and warm, stat of every
+    file cold and warm, rm -rf: each phase a process of its own, timed and charged on its own
+    (``wl_<phase>_s``, ``wl_<phase>_cpu_s`` = that process + the daemon meanwhile)."""
+    count = workload.size
+    tree = dest / "files"
+    out = ctx.scratch / "files.out"
+    cmd = [*ctx.python, "bench.writer", "files", "--dir", str(tree)]
+    cmd += ["--count", str(count), "--dirs", "100", "--file-size", "4096"]
+    d0 = ctx.daemon_cpu()
     child = _run_one("files", cmd, ctx, out)
-    _wait(child, ctx, "small-file writer")
+    _wait(child, ctx, f"small-file writer ({_tail(ctx.scratch / 'files.err')})")
+    d1 = ctx.daemon_cpu()
     rep = json.loads(out.read_text().strip().splitlines()[-1])
-    t1 = time.monotonic()
-    ls = _run_one("ls", ["ls", "-lR", str(dest / "files")], ctx)
-    _wait(ls, ctx, "ls -lR")
-    ls_seconds = time.monotonic() - t1
+    create_daemon = d1 - d0 if d0 is not None and d1 is not None else 0.0
+    extra: dict[str, float] = {
+        "create_s": rep["seconds"],
+        "create_cpu_s": (child.cpu_seconds or 0.0) + create_daemon,
+        "create_daemon_cpu_s": create_daemon,
+    }
+    writer_cpu = child.cpu_seconds or 0.0
+    ls = ["ls", "-lR", str(tree)]
+    stat = ["find", str(tree), "-type", "f", "-exec", "stat", "-c", "%s", "{}", "+"]
+    for name, phase_cmd, cold in (
+        ("ls_cold", ls, True),
+        ("ls_warm", ls, False),
+        ("stat_cold", stat, True),
+        ("stat_warm", stat, False),
+        ("rm", ["rm", "-rf", str(tree)], False),
+    ):
+        got = _phase(name, phase_cmd, ctx, cold)
+        if got is None:
+            log.warning("  %s left out: dropping dentries needs root", name)
+            continue
+        seconds, cpu, daemon = got
+        extra |= {f"{name}_s": seconds, f"{name}_cpu_s": cpu + daemon}
+        extra[f"{name}_daemon_cpu_s"] = daemon
+        writer_cpu += cpu
     return WorkloadResult(
         bytes=rep["bytes"],
         files=count,
-        seconds=time.monotonic() - t0,
-        cpu_s=(child.cpu_seconds or 0.0) + (ls.cpu_seconds or 0.0),
-        extra={"create_s": rep["seconds"], "ls_s": ls_seconds},
+        seconds=rep["seconds"],  # the create: what a restore of many small files waits for
+        cpu_s=writer_cpu,
+        extra=extra,
     )
 
 

@@ -75,3 +75,12 @@ def utimens_empty(fd: int, atime_ns: int | None, mtime_ns: int | None) -> None:
 def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
     """fallocate(2) with its mode flags (os.posix_fallocate has none)."""
     _check(_libc.fallocate(fd, mode, offset, length))
+
+
+_libc.syncfs.argtypes = (ctypes.c_int,)
+_libc.syncfs.restype = ctypes.c_int
+
+
+def syncfs(fd: int) -> None:
+    """Write back every dirty page of the file system *fd* is on (syncfs(2))."""
+    _check(_libc.syncfs(fd))

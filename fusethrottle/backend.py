@@ -1,6 +1,6 @@
 """The only code that touches the backing directory (the NFS/EFS target).
 
-Every syscall runs in a worker thread behind a trio CapacityLimiter of our own, so a hung NFS
+Every syscall runs in a worker thread of a bounded pool of our own (workers.py), so a hung NFS
 server blocks worker threads, never the event loop: metadata, metrics and unmount keep answering.
 Three pools keep classes of work from starving each other:
 
@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import trio
 
 from . import _libc
+from .workers import WorkerPool
 
 T = TypeVar("T")
 
@@ -50,6 +51,8 @@ try:  # trio >= 0.23 renamed the keyword; Debian 12 ships 0.22.
     )
 except (TypeError, ValueError):  # pragma: no cover - signature always available in CPython
     _ABANDON = "cancellable"
+#: Keyword arguments that let a cancelled caller leave a thread stuck on the target behind.
+ABANDON_KW = {_ABANDON: True}
 
 
 def proc_path(fd: int) -> bytes:
@@ -220,6 +223,52 @@ def _list_entries(
     return names, out
 
 
+_NOT_SUPPORTED = (errno.ENOTSUP, errno.EOPNOTSUPP)
+CAPABILITY = b"security.capability"
+
+
+def target_has_xattrs(root_fd: int) -> bool:
+    """Whether the target stores extended attributes at all (NFSv3 and EFS do not).
+
+    Asks for two names that are normally absent: a target with xattrs says ENODATA, one without
+    says EOPNOTSUPP for both (NFS may support user.* but not security.*; that counts as support).
+    """
+    for name in (b"user.fusethrottle.probe", CAPABILITY):
+        try:
+            os.getxattr(proc_path(root_fd), name)
+            return True
+        except OSError as err:
+            if err.errno not in _NOT_SUPPORTED:
+                return True
+    return False
+
+
+def _has_capability(fd: int) -> bool:
+    try:
+        os.getxattr(fd, CAPABILITY)
+        return True
+    except OSError:
+        return False
+
+
+def _drop_capability(fd: int) -> None:
+    """What the kernel does on a write when it can ask about xattrs (file_remove_privs)."""
+    try:
+        os.removexattr(fd, CAPABILITY)
+    except OSError as err:
+        if err.errno not in (errno.ENODATA, *_NOT_SUPPORTED):
+            raise
+
+
+def _dir_stats(dir_fds: tuple[int, ...]) -> list[os.stat_result]:
+    """The directories' attributes right after we changed them (for getattr to answer from)."""
+    stats = []
+    for fd in dict.fromkeys(dir_fds):
+        with contextlib.suppress(OSError):
+            stats.append(os.fstat(fd))
+    return stats
+
+
 def _aligned_pwrite(fd: int, data: bytes, offset: int) -> int:
     """O_DIRECT needs a page-aligned buffer; an anonymous mmap is one."""
     if not data:
@@ -241,6 +290,17 @@ def _flush(fd: int) -> None:
     # close() of a duplicate is what NFS uses to write back and report errors on close(2),
     # without giving up the descriptor the kernel will release later.
     os.close(os.dup(fd))
+
+
+def _fsync_path(path_fd: int, datasync: bool) -> None:
+    try:
+        fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_CLOEXEC)
+    except PermissionError:  # a write-only file and an unprivileged daemon
+        fd = os.open(proc_path(path_fd), os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        (os.fdatasync if datasync else os.fsync)(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path_fd: int, datasync: bool) -> None:
@@ -266,14 +326,33 @@ class Backend:
     def __init__(
         self, threads: int = 32, sync_threads: int = 8, observer: Observer | None = None
     ) -> None:
-        self.meta = trio.CapacityLimiter(threads)
-        self.data = trio.CapacityLimiter(threads)
-        self.sync = trio.CapacityLimiter(sync_threads)
+        self.meta = WorkerPool("meta", threads)
+        self.data = WorkerPool("data", threads)
+        self.sync = WorkerPool("sync", sync_threads)
         self.observer = observer
+        #: Told the fresh attributes of every directory a call changed.
+        self.on_dir_changed: Callable[[os.stat_result], None] | None = None
 
-    async def _run(self, limiter: trio.CapacityLimiter, fn: Callable[..., T], *args: Any) -> T:
-        kwargs = {"limiter": limiter, _ABANDON: True}
-        return await trio.to_thread.run_sync(fn, *args, **kwargs)
+    async def _run(self, pool: WorkerPool, fn: Callable[..., T], *args: Any) -> T:
+        return await pool.run(fn, *args)
+
+    async def _change(self, dir_fds: tuple[int, ...], fn: Callable[..., T], *args: Any) -> T:
+        """Run a call that changes directories, and stat them in the same trip to the thread.
+
+        The kernel forgets a directory's attributes whenever an entry in it changes, and asks
+        for them on the next permission check: once per created or removed file. The stats
+        taken here answer that question without a second trip (see ``Operations.getattr``).
+        """
+
+        def run() -> tuple[T, list[os.stat_result]]:
+            result = fn(*args)
+            return result, _dir_stats(dir_fds)
+
+        result, stats = await self._run(self.meta, run)
+        if self.on_dir_changed is not None:
+            for st in stats:
+                self.on_dir_changed(st)
+        return result
 
     def _seen(self, op: str, nbytes: int = 0) -> None:
         if self.observer is not None:
@@ -329,7 +408,7 @@ class Backend:
         arg: Any = None,
         owner: tuple[int, int] | None = None,
     ) -> Created:
-        result = await self._run(self.meta, _make, kind, dir_fd, name, mode, arg, owner)
+        result = await self._change((dir_fd,), _make, kind, dir_fd, name, mode, arg, owner)
         self._seen(kind)
         return result
 
@@ -341,20 +420,21 @@ class Backend:
             os.unlink(name, dir_fd=dir_fd)
             return st
 
-        result = await self._run(self.meta, run)
+        result = await self._change((dir_fd,), run)
         self._seen("unlink")
         return result
 
     async def rmdir(self, dir_fd: int, name: bytes) -> None:
-        await self._run(self.meta, lambda: os.rmdir(name, dir_fd=dir_fd))
+        await self._change((dir_fd,), lambda: os.rmdir(name, dir_fd=dir_fd))
         self._seen("rmdir")
 
     async def rename(self, old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int) -> None:
+        dirs = (old_dir, new_dir)
         if flags:
-            await self._run(self.meta, _libc.renameat2, old_dir, old, new_dir, new, flags)
+            await self._change(dirs, _libc.renameat2, old_dir, old, new_dir, new, flags)
         else:
-            await self._run(
-                self.meta, lambda: os.rename(old, new, src_dir_fd=old_dir, dst_dir_fd=new_dir)
+            await self._change(
+                dirs, lambda: os.rename(old, new, src_dir_fd=old_dir, dst_dir_fd=new_dir)
             )
         self._seen("rename")
 
@@ -363,7 +443,7 @@ class Backend:
             os.link(proc_path(path_fd), new, dst_dir_fd=new_dir, follow_symlinks=True)
             return _lookup(new_dir, new)
 
-        result = await self._run(self.meta, run)
+        result = await self._change((new_dir,), run)
         self._seen("link")
         return result
 
@@ -375,6 +455,19 @@ class Backend:
     # --- xattrs ----------------------------------------------------------------------------
     async def getxattr(self, path_fd: int, name: bytes) -> bytes:
         result = await self._run(self.meta, os.getxattr, proc_path(path_fd), name)
+        self._seen("getxattr")
+        return result
+
+    async def getxattr_listed(self, path_fd: int, name: bytes) -> tuple[bytes | None, list[bytes]]:
+        """The file's xattr names, and *name*'s value if it is one of them (one thread trip)."""
+
+        def run() -> tuple[bytes | None, list[bytes]]:
+            names = _listxattr(path_fd)
+            if name not in names:
+                return None, names
+            return os.getxattr(proc_path(path_fd), name), names
+
+        result = await self._run(self.meta, run)
         self._seen("getxattr")
         return result
 
@@ -392,15 +485,27 @@ class Backend:
         self._seen("removexattr")
 
     # --- files -----------------------------------------------------------------------------
-    async def open(self, path_fd: int, flags: int) -> int:
-        result = await self._run(self.data, _reopen, path_fd, flags)
+    async def open(
+        self, path_fd: int, flags: int, check_capability: bool = False
+    ) -> tuple[int, bool]:
+        """Open the file; with *check_capability*, also say whether it has a file capability."""
+        if not check_capability:
+            fd = await self._run(self.data, _reopen, path_fd, flags)
+            self._seen("open")
+            return fd, False
+
+        def run() -> tuple[int, bool]:
+            fd = _reopen(path_fd, flags)
+            return fd, _has_capability(fd)
+
+        result = await self._run(self.data, run)
         self._seen("open")
         return result
 
     async def create(
         self, dir_fd: int, name: bytes, flags: int, mode: int, owner: tuple[int, int] | None
     ) -> tuple[int, Created]:
-        result = await self._run(self.meta, _create_file, dir_fd, name, flags, mode, owner)
+        result = await self._change((dir_fd,), _create_file, dir_fd, name, flags, mode, owner)
         self._seen("create")
         return result
 
@@ -410,8 +515,17 @@ class Backend:
         self._seen("read", len(result))
         return result
 
-    async def pwrite(self, fd: int, data: bytes, offset: int, direct: bool = False) -> int:
+    async def pwrite(
+        self, fd: int, data: bytes, offset: int, direct: bool = False, drop_capability: bool = False
+    ) -> int:
         fn = _aligned_pwrite if direct else os.pwrite
+        if drop_capability:
+            plain = fn
+
+            def fn(fd: int, data: bytes, offset: int) -> int:
+                _drop_capability(fd)
+                return plain(fd, data, offset)
+
         result = await self._run(self.data, fn, fd, data, offset)
         self._seen("write", result)
         return result
@@ -428,23 +542,26 @@ class Backend:
 
     async def fsync_path(self, path_fd: int, datasync: bool = False) -> None:
         """fsync a file we no longer hold open (released before its data was synced)."""
-
-        def run() -> None:
-            try:
-                fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_CLOEXEC)
-            except PermissionError:  # a write-only file and an unprivileged daemon
-                fd = os.open(proc_path(path_fd), os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                (os.fdatasync if datasync else os.fsync)(fd)
-            finally:
-                os.close(fd)
-
-        await self._run(self.sync, run)
+        await self._run(self.sync, _fsync_path, path_fd, datasync)
         self._seen("fsync")
 
-    async def fallocate(self, fd: int, mode: int, offset: int, length: int) -> None:
-        await self._run(self.data, _libc.fallocate, fd, mode, offset, length)
-        self._seen("fallocate")
+    async def fsync_paths(self, path_fds: list[int], datasync: bool = False) -> list[int | None]:
+        """fsync several files in one thread call; the errno of each (None: synced)."""
+
+        def run() -> list[int | None]:
+            errors: list[int | None] = []
+            for path_fd in path_fds:
+                try:
+                    _fsync_path(path_fd, datasync)
+                    errors.append(None)
+                except OSError as err:
+                    errors.append(err.errno or errno.EIO)
+            return errors
+
+        result = await self._run(self.sync, run)
+        for _ in path_fds:
+            self._seen("fsync")
+        return result
 
     # --- directories -----------------------------------------------------------------------
     async def opendir(self, path_fd: int) -> int:

@@ -26,12 +26,15 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
-from . import sdnotify
+from . import _libc, sdnotify
 from .admission import Ceilings, WindowGate
-from .backend import Backend
+from .backend import ABANDON_KW as _ABANDON_KW
+from .backend import Backend, target_has_xattrs
+from .budget import WriteBudget
 from .controller import make_controller
 from .flusher import Flusher
 from .inodes import InodeTable
+from .kernel_cache import KernelCache
 from .ledger import Ledger
 from .meter import Meter, profile_for
 from .mountinfo import find_mount
@@ -43,6 +46,8 @@ log = logging.getLogger(__name__)
 HANDLER_GRACE = 10.0
 EXTRA_TASK_START_TIMEOUT = 10.0
 STARTUP_WINDOW = 16 << 20
+#: Longer than the kernel's longest dirty-throttling pause (200 ms): see _write_back_kernel_cache.
+CACHE_QUIET_PAUSE = 0.3
 
 
 @dataclass
@@ -59,6 +64,9 @@ class Mount:
     controller: object
     events: object
     ceilings: Ceilings
+    kernel_cache: KernelCache
+    #: The bound in force on everything un-synced (kernel cache + target), slow start included.
+    window: Callable[[], int]
 
 
 def effective_window(window: int, commit_rate: float | None) -> int:
@@ -82,12 +90,27 @@ def build(
     root_fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     inodes = InodeTable(root_fd, os.fstat(root_fd))
     ledger = Ledger()
+    target_xattrs = target_has_xattrs(root_fd)
+    # auto: offer xattrs exactly when the target has them (NFSv3 and EFS do not).
+    xattrs = {"on": True, "off": False}.get(config.xattrs, target_xattrs)
     controller = make_controller(config)
     enforce = config.mode != "off"
     flusher_ref: list[Flusher] = []
 
-    def window() -> int:
+    kernel_cache = KernelCache(
+        enabled=config.writeback_cache and enforce,
+        limit=config.kernel_cache,
+        read_ahead=config.read_ahead,
+    )
+
+    def total_window() -> int:
         return effective_window(controller.window, controller.commit_rate)
+
+    def window() -> int:
+        """The part of the window left for the target once the kernel's cache has its share."""
+        total = total_window()
+        kernel_cache.update(total)
+        return kernel_cache.ledger_window(total)
 
     gate = WindowGate(
         ledger,
@@ -97,9 +120,14 @@ def build(
         on_pressure=lambda: flusher_ref[0].poke() if flusher_ref else None,
         commit_rate=lambda: controller.commit_rate,
     )
-    flusher = Flusher(
+    budget = WriteBudget(
         ledger,
         gate,
+        batch=config.batch,
+        on_admission_wait=events.admission_wait,  # type: ignore[attr-defined]
+    )
+    flusher = Flusher(
+        budget,
         backend,
         inodes,
         controller,
@@ -119,16 +147,29 @@ def build(
     ops = Operations(
         backend=backend,
         inodes=inodes,
-        ledger=ledger,
-        gate=gate,
+        budget=budget,
         flusher=flusher,
         attr_timeout=config.attr_timeout,
-        batch=config.batch,
         writeback_cache=config.writeback_cache,
         events=events,  # type: ignore[arg-type]
         ceilings=ceilings if ceilings.active else None,
+        offer_xattrs=xattrs,
+        target_xattrs=target_xattrs,
     )
-    return Mount(config, backend, inodes, ledger, gate, flusher, ops, controller, events, ceilings)
+    return Mount(
+        config,
+        backend,
+        inodes,
+        ledger,
+        gate,
+        flusher,
+        ops,
+        controller,
+        events,
+        ceilings,
+        kernel_cache,
+        total_window,
+    )
 
 
 def fuse_options(config: Config) -> set[str]:
@@ -183,6 +224,7 @@ class Daemon:
         try:
             info = find_mount(config.mountpoint, fstype="fuse.fusethrottle")
             self._mount_id = info.device if info else None
+            self.mount.kernel_cache.attach(self._mount_id, self.mount.window())
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.mount.flusher.run)
                 nursery.start_soon(self._signals)
@@ -237,7 +279,47 @@ class Daemon:
                 if signum == signal.SIGHUP:
                     continue
                 log.info("%s: flushing and unmounting", signal.Signals(signum).name)
+                await self._write_back_kernel_cache()
                 self.request_stop()
+
+    async def _write_back_kernel_cache(self) -> None:
+        """Have the kernel hand over the mount's cached writes while requests are still served.
+
+        With the writeback cache, a write() the application saw succeed may still sit in the
+        mount's page cache. An unmount makes the kernel write it back before the mount goes;
+        a signal does not. So: refuse further writes into the cache (see
+        ``Operations.close_the_cache``), then syncfs on the mount, before the loop stops serving
+        the FUSE_WRITEs that carry those pages (bounded like the final fsyncs). A write() that
+        was already copying into the cache when it closed may go on dirtying pages (a large one,
+        or one paused by the kernel's dirty throttling, at most 200 ms at a time), so syncfs is
+        repeated until one that follows a quiet pause brings nothing more.
+        """
+        if not self.mount.config.writeback_cache:
+            return
+        mountpoint = self.mount.config.mountpoint
+        try:
+            # Opened before the cache closes: afterwards the kernel could not check the path.
+            fd = await trio.to_thread.run_sync(
+                os.open, mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            )
+        except OSError as err:
+            log.error("cannot write back the kernel's cache of %s: %s", mountpoint, err)
+            return
+        self.mount.ops.close_the_cache()
+        ledger = self.mount.ledger
+        try:
+            with trio.move_on_after(self.mount.config.unmount_timeout):
+                await trio.to_thread.run_sync(_libc.syncfs, fd, **_ABANDON_KW)
+                while True:
+                    before = ledger.written_total
+                    await trio.sleep(CACHE_QUIET_PAUSE)
+                    await trio.to_thread.run_sync(_libc.syncfs, fd, **_ABANDON_KW)
+                    if ledger.written_total == before:
+                        break
+        except OSError as err:
+            log.error("writing back the kernel's cache of %s failed: %s", mountpoint, err)
+        finally:
+            os.close(fd)
 
     def request_stop(self) -> None:
         if self.stopping is not None and not self.stopping.is_set():

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyfuse3
 
@@ -36,11 +35,14 @@ class Inode:
     lookups: int = 0
     # Negative cache of the security.capability xattr the kernel probes on every write().
     no_capability_until: float = 0.0
-    extra: dict[str, object] = field(default_factory=dict)
-
-    @property
-    def is_dir(self) -> bool:
-        return stat.S_ISDIR(self.mode)
+    # The file's xattr names as last listed, and until when that list answers "absent".
+    xattr_names: frozenset[bytes] = frozenset()
+    xattr_names_until: float = 0.0
+    # With xattrs not offered, the kernel cannot see a file capability, so the next write
+    # through the mount must remove it (as the kernel would have).
+    capability_to_drop: bool = False
+    # Set once its last name was unlinked through the mount: what it looked like then.
+    removed: os.stat_result | None = None
 
 
 class InodeTable:
@@ -63,6 +65,9 @@ class InodeTable:
             return self._by_id[nodeid]
         except KeyError:
             raise pyfuse3.FUSEError(errno.ESTALE) from None
+
+    def nodeids(self) -> list[int]:
+        return list(self._by_id)
 
     def get(self, nodeid: int) -> Inode | None:
         return self._by_id.get(nodeid)

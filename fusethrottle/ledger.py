@@ -23,6 +23,15 @@ from collections.abc import Container
 from dataclasses import dataclass
 
 
+def sync_trigger(batch: int, window: int) -> int:
+    """Dirty bytes at which a file is synced: ``batch``, or half the window if that is smaller.
+
+    A window under two batches would idle the target while the writer refills it: syncing at
+    half the window lets one half sync while the other is written.
+    """
+    return max(1, min(batch, window // 2))
+
+
 @dataclass
 class FileState:
     """One file's un-synced data."""
@@ -206,9 +215,7 @@ class Ledger:
             if s.dirty > 0 and s.syncing == 0 and now >= s.retry_after
         ]
         ready.sort(key=lambda s: (-s.dirty, s.dirty_since or now))
-        # A window under two batches would idle the target while the writer refills it: sync
-        # once half the window is dirty instead, so one batch syncs while the next is written.
-        trigger = max(1, min(batch, window // 2))
+        trigger = sync_trigger(batch, window)
         chosen: list[tuple[int, str]] = []
         for state in ready:
             if state.dirty >= trigger:

@@ -102,7 +102,10 @@ DEFS: dict[str, MetricDef] = _defs(
     MetricDef("fusethrottle_unsynced_bytes", "gauge",
               "Bytes admitted but not yet made durable by an fsync (what the window bounds)."),
     MetricDef("fusethrottle_window_bytes", "gauge",
-              "Current window: the most un-synced bytes the mount admits."),
+              "Current window: the most un-synced bytes the mount admits (kernel cache included)."),
+    MetricDef("fusethrottle_kernel_cache_bytes", "gauge",
+              "The window's share the kernel may hold dirty in the mount's page cache "
+              "(writeback cache; 0 when off)."),
     MetricDef("fusethrottle_reserved_bytes", "gauge",
               "Bytes of admitted writes still on their way to the target."),
     MetricDef("fusethrottle_syncing_bytes", "gauge",
@@ -438,6 +441,7 @@ class Snapshot:
     dirty_files: int
     oldest_unsynced_age_seconds: float
     window_bytes: int
+    kernel_cache_bytes: int
     written_bytes: int
     read_bytes: int
     synced_bytes: int
@@ -580,7 +584,8 @@ class Metrics:
             dirty_files=ledger.dirty_files,
             oldest_unsynced_age_seconds=ledger.oldest_age,
             # The bound in force (slow start included), not just what the controller decided.
-            window_bytes=int(mount.gate.window()),
+            window_bytes=int(mount.window()),
+            kernel_cache_bytes=mount.kernel_cache.statistics().limit_bytes,
             written_bytes=rec.written_bytes,
             read_bytes=rec.read_bytes,
             synced_bytes=ledger.synced_total,
@@ -693,6 +698,7 @@ def families(snap: Snapshot, age: float) -> list[Metric]:
     c, facts = snap.controller, snap.mount
     value("fusethrottle_unsynced_bytes", snap.unsynced_bytes)
     value("fusethrottle_window_bytes", snap.window_bytes)
+    value("fusethrottle_kernel_cache_bytes", snap.kernel_cache_bytes)
     value("fusethrottle_reserved_bytes", snap.reserved_bytes)
     value("fusethrottle_syncing_bytes", snap.syncing_bytes)
     value("fusethrottle_dirty_files", snap.dirty_files)

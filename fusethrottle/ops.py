@@ -12,6 +12,7 @@ the inode table and the ledger consistent without locks.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -25,12 +26,12 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from .admission import Ceilings, WindowGate
+from .admission import Ceilings
 from .backend import Backend, Created
+from .budget import WriteBudget
 from .events import Events, NullEvents
 from .flusher import Flusher
 from .inodes import Inode, InodeTable
-from .ledger import Ledger
 from .meter import OpClass
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,10 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 _CAPABILITY = b"security.capability"
 _CAPABILITY_TTL = 60.0
 _ERRNO_LOG_INTERVAL = 10.0
+# Names in these namespaces are always listed by listxattr when present (unlike virtual ones).
+_LISTED_NAMESPACES = (b"user.", b"security.", b"trusted.", b"system.posix_acl_")
+# Fresh directory attributes kept at most (expired ones are dropped when it fills).
+_DIR_ATTRS_MAX = 4096
 
 
 @dataclass(eq=False)
@@ -191,26 +196,35 @@ class Operations(pyfuse3.Operations):
         *,
         backend: Backend,
         inodes: InodeTable,
-        ledger: Ledger,
-        gate: WindowGate,
+        budget: WriteBudget,
         flusher: Flusher,
         attr_timeout: float = 1.0,
-        batch: int = 64 << 20,
         writeback_cache: bool = False,
         events: Events | None = None,
         ceilings: Ceilings | None = None,
+        offer_xattrs: bool = True,
+        target_xattrs: bool = True,
     ) -> None:
         super().__init__()
         self.ceilings = ceilings
         self.backend = backend
         self.inodes = inodes
-        self.ledger = ledger
-        self.gate = gate
+        self.budget = budget
+        self.ledger = budget.ledger  # read-only here: every change goes through the budget
         self.flusher = flusher
         self.attr_timeout = attr_timeout
-        self.batch = batch
         self.enable_writeback_cache = writeback_cache
+        # Without xattrs, getxattr answers ENOSYS once and the kernel stops asking, which takes
+        # its security.capability question (one round trip per write()) off the write path.
+        self.offer_xattrs = offer_xattrs
+        self._drop_capabilities = not offer_xattrs and target_xattrs
         self.events = events or NullEvents()
+        self.closing = False
+        # Directory attributes stat'ed right after our own change to the directory, by
+        # (st_dev, st_ino), with when they stop being fresh (see getattr).
+        self._dir_attrs: dict[tuple[int, int], tuple[os.stat_result, float]] = {}
+        if attr_timeout > 0:
+            backend.on_dir_changed = self._dir_changed
         self.files: dict[int, FileHandle] = {}
         self.dirs: dict[int, DirHandle] = {}
         self._next_fh = 1
@@ -272,9 +286,31 @@ class Operations(pyfuse3.Operations):
             flags &= ~os.O_APPEND
         return flags
 
+    # --- shutdown with the writeback cache ----------------------------------------------------
+    def close_the_cache(self) -> None:
+        """Stop new writes from landing in a page cache nobody will write back.
+
+        With the writeback cache a write() succeeds once its pages are in the kernel's cache,
+        and the kernel asks the daemon nothing but the file's attributes (when they expired).
+        From here on every inode's attributes are expired and asking for them fails, so a
+        writer still writing gets ENOTCONN, as from a mount that is gone, instead of an
+        acknowledgement for data that would be lost. The caller then has the kernel write back
+        what it holds (syncfs), which needs none of the refused requests.
+        """
+        self.closing = True
+        for nodeid in self.inodes.nodeids():
+            # OSError: the kernel forgot the inode meanwhile, so nothing is cached to expire.
+            with contextlib.suppress(OSError):
+                pyfuse3.invalidate_inode(nodeid, attr_only=True)
+
+    def _refuse_when_closing(self) -> None:
+        if self.closing:
+            raise pyfuse3.FUSEError(errno.ENOTCONN)
+
     # --- namespace -------------------------------------------------------------------------
     @_replies
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
+        self._refuse_when_closing()
         parent = self.inodes[parent_inode]
         return self._entry(await self.backend.lookup(parent.path_fd, name))
 
@@ -284,20 +320,47 @@ class Operations(pyfuse3.Operations):
             if inode is None:
                 continue
             state = self.ledger.file(nodeid)
-            if state is None or state.unsynced == 0:
+            if (state is None or state.unsynced == 0) and not self.flusher.holds(nodeid):
                 self.inodes.drop(inode)
-            # else: the flusher drops it once its data is durable.
+            # else: the flusher drops it once its data is durable (or its fsync has ended).
+
+    def _dir_changed(self, st: os.stat_result) -> None:
+        now = trio.current_time()
+        if len(self._dir_attrs) >= _DIR_ATTRS_MAX:
+            self._dir_attrs = {k: v for k, v in self._dir_attrs.items() if v[1] > now}
+        self._dir_attrs[(st.st_dev, st.st_ino)] = (st, now + self.attr_timeout)
 
     @_replies
     async def getattr(self, inode: int, ctx: Any = None) -> Any:
+        """The target's attributes, or the ones we took right after changing a directory.
+
+        Every create or unlink in a directory makes the kernel forget the directory's
+        attributes and ask again at the next permission check: a second round trip per file
+        in a tree copy or an rm -rf. The stat taken in the same trip as the change is as fresh
+        as a new one would be, so it answers within ``attr_timeout``, the freshness the user
+        chose for everything else the kernel caches.
+        """
+        self._refuse_when_closing()
         node = self.inodes[inode]
+        fresh = self._dir_attrs.get(node.key)
+        if fresh is not None and fresh[1] > trio.current_time():
+            return self._attr(inode, fresh[0])
         return self._attr(inode, await self.backend.stat(node.path_fd))
 
     @_replies
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
         node = self.inodes[inode]
+        self._dir_attrs.pop(node.key, None)
         handle = self.files.get(fh) if fh is not None else None
         size = attr.st_size if fields.update_size else None
+        times_only = not (
+            fields.update_size or fields.update_mode or fields.update_uid or fields.update_gid
+        )
+        if times_only and node.removed is not None and handle is None:
+            # The writeback cache keeps times in the kernel and sends them when it evicts the
+            # inode, which for a deleted file is right after the unlink (once per file of an
+            # rm -rf). Nobody can see a deleted file's times: answer without the target.
+            return self._attr(inode, node.removed)
         st = await self.backend.setattr(
             node.path_fd,
             handle.fd if handle is not None else None,
@@ -309,8 +372,7 @@ class Operations(pyfuse3.Operations):
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
         )
         if size == 0:
-            self.ledger.discard(inode)
-            self.gate.wake()
+            self.budget.discard(inode)
         return self._attr(inode, st)
 
     @_replies
@@ -348,8 +410,8 @@ class Operations(pyfuse3.Operations):
         node = self.inodes.find(st)
         if node is not None and st.st_nlink <= 1:
             # The last name went: its data needs no fsync any more.
-            self.ledger.discard(node.nodeid)
-            self.gate.wake()
+            node.removed = st
+            self.budget.discard(node.nodeid)
 
     @_replies
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -391,32 +453,61 @@ class Operations(pyfuse3.Operations):
         return out
 
     # --- xattrs ----------------------------------------------------------------------------
+    def _xattrs_offered(self) -> None:
+        """ENOSYS makes the kernel answer EOPNOTSUPP itself from now on, as the target would."""
+        if not self.offer_xattrs:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+
     @_replies
     async def getxattr(self, inode: int, name: bytes, ctx: Any = None) -> bytes:
+        """An xattr, asking the target as rarely as the answer allows.
+
+        The kernel asks for security.capability before every write(), and ``ls -l`` asks for
+        an ACL and a security label of every file it lists; almost always the answer is "no
+        such attribute". So the first question lists the file's names in the same trip to the
+        target, and absent names are answered from that list for ``attr_timeout`` (a missing
+        capability for longer: the kernel asks it per write). Only namespaces whose names
+        listxattr always shows are answered from the list.
+        """
+        self._xattrs_offered()
         node = self.inodes[inode]
-        if name == _CAPABILITY and node.no_capability_until > trio.current_time():
+        now = trio.current_time()
+        if name == _CAPABILITY and node.no_capability_until > now:
             raise pyfuse3.FUSEError(errno.ENODATA)
-        try:
+        if not name.startswith(_LISTED_NAMESPACES) or self.attr_timeout <= 0:
             return await self.backend.getxattr(node.path_fd, name)
-        except OSError as err:
-            if name == _CAPABILITY and err.errno in (errno.ENODATA, errno.ENOTSUP):
-                node.no_capability_until = trio.current_time() + _CAPABILITY_TTL
-            raise
+        if node.xattr_names_until <= now or name in node.xattr_names:
+            value, names = await self.backend.getxattr_listed(node.path_fd, name)
+            node.xattr_names = frozenset(names)
+            node.xattr_names_until = now + self.attr_timeout
+            if value is not None:
+                return value
+        if name == _CAPABILITY:
+            node.no_capability_until = now + _CAPABILITY_TTL
+        raise pyfuse3.FUSEError(errno.ENODATA)
+
+    def _xattrs_changed(self, node: Inode) -> None:
+        node.no_capability_until = 0.0
+        node.xattr_names_until = 0.0
+        self._dir_attrs.pop(node.key, None)
 
     @_replies
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any = None) -> None:
+        self._xattrs_offered()
         node = self.inodes[inode]
-        node.no_capability_until = 0.0
+        self._xattrs_changed(node)
         await self.backend.setxattr(node.path_fd, name, value)
 
     @_replies
     async def listxattr(self, inode: int, ctx: Any = None) -> Any:
+        self._xattrs_offered()
         return await self.backend.listxattr(self.inodes[inode].path_fd)
 
     @_replies
     async def removexattr(self, inode: int, name: bytes, ctx: Any = None) -> None:
+        self._xattrs_offered()
         node = self.inodes[inode]
-        node.no_capability_until = 0.0
+        self._xattrs_changed(node)
         await self.backend.removexattr(node.path_fd, name)
 
     # --- files -----------------------------------------------------------------------------
@@ -427,20 +518,28 @@ class Operations(pyfuse3.Operations):
 
     @_replies
     async def open(self, inode: int, flags: int, ctx: Any = None) -> Any:
+        self._refuse_when_closing()
         node = self.inodes[inode]
         flags = self._open_flags(flags)
-        fd = await self.backend.open(node.path_fd, flags)
+        check = self._drop_capabilities and flags & os.O_ACCMODE != os.O_RDONLY
+        fd, has_capability = await self.backend.open(node.path_fd, flags, check)
+        if has_capability:
+            node.capability_to_drop = True
         if flags & os.O_TRUNC:
-            self.ledger.discard(inode)
+            self.budget.discard(inode)
         return self._file_info(fd, node, flags)
 
     @_replies
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
+        self._refuse_when_closing()
         parent = self.inodes[parent_inode]
         flags = self._open_flags(flags)
         fd, created = await self.backend.create(parent.path_fd, name, flags, mode, self._owner(ctx))
         attr = self._entry(created)
-        return self._file_info(fd, self.inodes[attr.st_ino], flags), attr
+        node = self.inodes[attr.st_ino]
+        # A file this call created carries no capability: no need to ask the target on write.
+        node.no_capability_until = trio.current_time() + _CAPABILITY_TTL
+        return self._file_info(fd, node, flags), attr
 
     @_replies
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -454,27 +553,23 @@ class Operations(pyfuse3.Operations):
     @_replies
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self._handle(fh)
-        nodeid = handle.inode.nodeid
-        self._raise_pending(nodeid)
-        size = len(buf)
+        node = handle.inode
+        if not self.enable_writeback_cache:
+            # With the cache, this request is the kernel writing back pages the application
+            # wrote earlier: failing it would drop that data, not tell the application. The
+            # error goes to its next fsync or close instead (flush, fsync).
+            self._raise_pending(node.nodeid)
         if self.ceilings is not None:
-            await self.ceilings.wait(OpClass.DATA_WRITE, size)
-        waited = await self.gate.admit(size)
-        if waited:
-            self.events.admission_wait(waited)
-        try:
-            written = await self.backend.pwrite(handle.fd, buf, off, handle.direct)
-        except BaseException:
-            self.ledger.unreserve(size)
-            self.gate.wake()
-            raise
-        self.ledger.written(nodeid, size, written, trio.current_time())
+            await self.ceilings.wait(OpClass.DATA_WRITE, len(buf))
+        drop = node.capability_to_drop
+
+        async def send() -> int:
+            return await self.backend.pwrite(handle.fd, buf, off, handle.direct, drop)
+
+        written = await self.budget.write(node.nodeid, len(buf), send)
+        if drop:
+            node.capability_to_drop = False
         self.events.bytes_written(written)
-        state = self.ledger.file(nodeid)
-        if state is not None and state.dirty >= self.flusher.trigger():
-            self.flusher.poke()
-        if written != size:
-            self.gate.wake()
         return written
 
     @_replies
@@ -497,18 +592,16 @@ class Operations(pyfuse3.Operations):
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self._handle(fh)
         nodeid = handle.inode.nodeid
-        ticket = self.ledger.begin_sync(nodeid)
+        ticket = self.budget.begin_sync(nodeid)
         start = trio.current_time()
         try:
             await self.backend.fsync(handle.fd, bool(datasync))
         except OSError as err:
-            self.ledger.end_sync(ticket, err.errno, trio.current_time(), reported=True)
+            self.budget.end_sync(ticket, err.errno, trio.current_time(), reported=True)
             self.events.fsync("application", trio.current_time() - start, ticket.nbytes, err.errno)
-            self.gate.wake()
             raise
-        self.ledger.end_sync(ticket, None, trio.current_time())
+        self.budget.end_sync(ticket, None, trio.current_time())
         self.events.fsync("application", trio.current_time() - start, ticket.nbytes, None)
-        self.gate.wake()
         self._raise_pending(nodeid)
 
     # --- directories -----------------------------------------------------------------------

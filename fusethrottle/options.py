@@ -50,6 +50,7 @@ def parse_rate(text: str) -> float:
 MODES = ("off", "static", "adaptive")
 METER_PROFILES = ("efs", "efs-legacy", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+XATTR_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,10 @@ class Config:
     allow_other: bool = False
     read_only: bool = False
     attr_timeout: float = 1.0
-    writeback_cache: bool = False
+    writeback_cache: bool = True
+    kernel_cache: int = 32 * MiB
+    read_ahead: int = 4 * MiB
+    xattrs: str = "auto"
     threads: int = 32
     fsname: str = ""
     kernel_options: tuple[str, ...] = ()
@@ -163,6 +167,9 @@ def _address(text: str) -> str:
 
 _VALUED: dict[str, Callable[[str], object]] = {
     "attr_timeout": parse_duration,
+    "kernel_cache": parse_size,
+    "read_ahead": parse_size,
+    "xattrs": _choice(XATTR_MODES),
     "threads": _positive_int,
     "fsname": str,
     "mode": _choice(MODES),

@@ -437,6 +437,11 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
     commit_rate = c["recent_bytes_per_second"]
     if s["unsynced_bytes"] and commit_rate:
         lines[-1] += f"; drains in ~{fmt_seconds(s['unsynced_bytes'] / commit_rate)}"
+    if s.get("kernel_cache_bytes"):
+        lines.append(
+            f"               + up to {fmt_bytes(s['kernel_cache_bytes'])} in the kernel's cache "
+            "of this mount (writeback cache), part of the window"
+        )
     lines.append(
         f"               in flight to target {fmt_bytes(s['reserved_bytes'])}, being synced "
         f"{fmt_bytes(s['syncing_bytes'])}; batch {fmt_bytes(m['batch'])}, "

@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 from fusethrottle.admission import WindowGate, pacing_rate
+from fusethrottle.budget import WriteBudget
 from fusethrottle.flusher import Flusher
 from fusethrottle.inodes import InodeTable
 from fusethrottle.ledger import Ledger
@@ -55,6 +56,13 @@ class SlowTarget:
         if self.fail_with is not None:
             raise OSError(self.fail_with, os.strerror(self.fail_with))
 
+    async def fsync_paths(self, path_fds: list[int], datasync: bool = False) -> list[int | None]:
+        """A group of released files: one call, one commit of everything being synced."""
+        self.fsyncs.extend(path_fds)
+        syncing = sum(s.syncing for s in self.ledger.files.values())
+        await trio.sleep(self.latency + syncing / self.rate)
+        return [self.fail_with] * len(path_fds)
+
 
 def run_mock(fn: Callable[[], Awaitable[None]]) -> None:
     trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -82,8 +90,7 @@ def make(inodes: InodeTable, window: int, batch: int, max_age: float = 30.0):
     )
     target = SlowTarget(ledger)
     flusher = Flusher(
-        ledger,
-        gate,
+        WriteBudget(ledger, gate, batch=batch),
         target,
         inodes,
         controller,  # type: ignore[arg-type]

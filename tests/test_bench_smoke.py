@@ -1,4 +1,5 @@
-"""The bench harness keeps working: a seconds-long ``--smoke`` run of the default preset.
+"""The bench harness keeps working: a seconds-long ``--smoke`` run of the default preset, and
+of the passthrough preset with libfuse's C passthrough_ll built and mounted for real.
 
 Checks that the outputs exist and hold sane numbers (bytes written equal the workload size, the
 device absorbed at least that much, every arm is recorded even when skipped) and that nothing is
@@ -7,9 +8,11 @@ left behind, also after Ctrl-C. Never checks timings: CI machines are noisy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -218,3 +221,285 @@ def test_ctrl_c_tears_everything_down(tmp_path: Path) -> None:
     assert run["completed"] is False
     assert leftovers(run["pid"]) == []
     assert (out / "summary.md").exists()  # what was measured is still reported
+
+
+# --- issue 11: the passthrough preset, with libfuse's C passthrough_ll as the reference -------
+
+
+def c_arm_missing() -> str | None:
+    """Why the C arm cannot run here (None: it can): only what is truly absent skips it."""
+    from bench.daemon import PASSTHROUGH_LL
+
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is absent"
+    if shutil.which("gcc") is None or shutil.which("pkg-config") is None:
+        return "gcc or pkg-config is not installed"
+    gz = PASSTHROUGH_LL.with_name(PASSTHROUGH_LL.name + ".gz")
+    if not PASSTHROUGH_LL.exists() and not gz.exists():
+        return "libfuse3-dev is not installed"
+    if subprocess.run(["pkg-config", "--exists", "fuse3"]).returncode != 0:
+        return "pkg-config knows no fuse3"
+    return None
+
+
+needs_c_arm = pytest.mark.skipif(
+    os.geteuid() != 0 or c_arm_missing() is not None,
+    reason=f"needs root and the C arm's tools: {c_arm_missing() or 'not root'}",
+)
+
+
+def processes_mounting_under(pid: int) -> list[str]:
+    """Command lines of live processes serving a mount in that harness's scratch directory."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"run-{pid}/mnt-" in text:
+            found.append(text)
+    return found
+
+
+def test_passthrough_arms_and_workloads_parse() -> None:
+    from bench.plan import DD_BLOCKS, PlanError, parse_arms, parse_workloads
+
+    arms = parse_arms("direct,ft-adaptive,c-ll,c-ll-wb,c-ll:xattr")
+    assert [a.is_c_passthrough for a in arms] == [False, False, True, True, True]
+    assert [a.is_fuse for a in arms] == [False, True, True, True, True]
+    assert [a.c_options() for a in arms[2:]] == ["", "writeback", "xattr"]
+    with pytest.raises(PlanError, match="source="):
+        parse_arms("c-ll:source=/elsewhere")
+    with pytest.raises(PlanError, match="unknown arm"):
+        parse_arms("c-hl")
+    wl = parse_workloads("dd10k:1G,files:200,read:16M")
+    assert [(w.kind, w.size) for w in wl] == [
+        ("dd10k", 1 << 30),
+        ("files", 200),
+        ("read", 16 * MiB),
+    ]
+    assert DD_BLOCKS["dd10k"] == 10 * 1024  # tar's record
+
+
+def test_passthrough_preset_measures_the_daemon_defaults() -> None:
+    from bench.daemon import PassthroughLLMount
+    from bench.plan import ArmSpec
+    from bench.presets import build_plan
+    from bench.runner import ft_mount_options
+
+    full = build_plan("passthrough", "full")
+    assert [t.kind for t in full.targets] == ["tmpfs"]
+    assert [a.label for a in full.arms] == [
+        "direct",
+        "ft-adaptive",
+        "ft-adaptive:xattrs=off",
+        "c-ll",
+        "c-ll-wb",
+        "c-ll-wb:xattr",
+    ]
+    assert [(w.kind, w.size) for w in full.workloads] == [
+        *[(k, 1 << 30) for k in ("dd4k", "dd10k", "dd128k", "dd1m")],
+        ("files", 10_000),
+        ("read", 1 << 30),
+    ]
+    assert full.repeats == 3
+    # No -o beyond the mode the arm is named after: the product's defaults are what is measured,
+    # and no metrics endpoint either (its scrapes would cost the daemon CPU).
+    assert not full.metrics
+    assert ft_mount_options(full, ArmSpec("ft-adaptive")) == "mode=adaptive"
+    assert ft_mount_options(full, ArmSpec("ft-static", "window=64M")) == "mode=static,window=64M"
+    quick = build_plan("passthrough", "quick")
+    assert quick.repeats == 2 and quick.workloads[-1].size == 256 * MiB
+    smoke = build_plan("passthrough", "smoke")
+    assert [a.label for a in smoke.arms] == ["direct", "ft-adaptive:xattrs=off", "c-ll"]
+    assert [t.kind for t in build_plan("passthrough", "quick", targets=["rootdir"]).targets] == [
+        "rootdir"
+    ]
+    victim = build_plan("victim", "quick")  # the other presets keep their options and metrics
+    assert victim.metrics and victim.ft_options == "batch=64M,window=256M"
+
+    mount = PassthroughLLMount(
+        Path("/cache/passthrough_ll"),
+        Path("/target/backing"),
+        Path("/scratch/mnt-1"),
+        ArmSpec("c-ll-wb").c_options(),
+        Path("/scratch/log"),
+        None,  # type: ignore[arg-type]  # not started: only the command line is looked at
+        None,
+    )
+    assert mount.command == [
+        "/cache/passthrough_ll",
+        "-f",
+        "-o",
+        "source=/target/backing,writeback",
+        "/scratch/mnt-1",
+    ]
+    assert mount.generic_command() == "passthrough_ll -f -o source=SOURCE,writeback MOUNTPOINT"
+
+
+def test_c_arm_is_skipped_with_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import daemon
+    from bench.system import ArmSkipped
+
+    with pytest.raises(ArmSkipped, match="libfuse3-dev"):
+        daemon.build_passthrough_ll(tmp_path / "passthrough_ll.c", tmp_path / "cache")
+    source = tmp_path / "passthrough_ll.c"
+    source.write_text("int main(void) { return 0; }\n")
+    real_which = shutil.which
+    monkeypatch.setattr(
+        daemon.shutil, "which", lambda name: None if name == "gcc" else real_which(name)
+    )
+    with pytest.raises(ArmSkipped, match="gcc is not installed"):
+        daemon.build_passthrough_ll(source, tmp_path / "cache")
+
+
+def _cell(arm: str, repeat: int, rate: float, cpu: float, **extra: object) -> dict:
+    return {
+        "target": "tmpfs",
+        "workload": "dd4k",
+        "workload_size": 1 << 30,
+        "arm": arm,
+        "repeat": repeat,
+        "status": "ok",
+        "app_mibps": rate,
+        "cpu_s_per_gib": cpu,
+    } | extra
+
+
+def test_side_by_side_compares_like_with_like_on_xattrs() -> None:
+    from bench import sidebyside
+
+    cells = [
+        _cell(arm, 1, 100, 1.0)
+        for arm in ("ft-adaptive", "ft-adaptive:xattrs=off", "c-ll", "c-ll-wb", "c-ll-wb:xattr")
+    ]
+    [table] = sidebyside.build(cells)
+    assert table["pairs"] == [
+        ("ft-adaptive", "c-ll-wb:xattr"),
+        ("ft-adaptive:xattrs=off", "c-ll-wb"),
+        ("ft-adaptive:xattrs=off", "c-ll"),
+    ]
+
+
+def test_side_by_side_ratios_pair_repeats() -> None:
+    from bench import sidebyside
+
+    FT = "ft-adaptive:xattrs=off"  # serves no xattrs, like passthrough_ll without -o xattr
+
+    cells = [
+        _cell("direct", 1, 2000, 0.4),
+        _cell(FT, 1, 100, 4.0),
+        _cell("c-ll", 1, 200, 1.0),
+        _cell("c-ll-wb", 1, 1000, 0.5),
+        _cell("direct", 2, 2000, 0.4),
+        _cell(FT, 2, 150, 6.0),
+        _cell("c-ll", 2, 300, 1.0),
+        _cell("c-ll-wb", 2, 1000, 0.5),
+    ]
+    files = {"target": "tmpfs", "workload": "files", "workload_size": 100, "files": 100}
+    for repeat in (1, 2):
+        cells.append(
+            files
+            | {"arm": FT, "repeat": repeat, "status": "ok", "wl_create_s": 0.5}
+            | {"wl_create_cpu_s": 0.01, "wl_ls_cold_s": 1.0, "wl_ls_cold_cpu_s": 0.002}
+        )
+        cells.append(
+            files | {"arm": "c-ll", "repeat": repeat, "status": "skipped"} | {"reason": "x"}
+        )
+    [table] = sidebyside.build(cells)
+    assert table["pairs"] == [(FT, "c-ll-wb"), (FT, "c-ll")]
+    dd = table["rows"][0]
+    ratio = dd["ratios"]["ft-adaptive:xattrs=off/c-ll"]
+    assert ratio["rate_of_medians"] == pytest.approx(125 / 250)
+    assert sorted(ratio["rate"]) == [0.5, 0.5]  # repeat 1: 100/200, repeat 2: 150/300
+    assert ratio["cpu"] == [4.0, 6.0]
+    text = sidebyside.text([table])
+    assert "ft-adaptive:xattrs=off/c-ll-wb" in text and "0.12x (0.10..0.15)" in text
+    create = next(r for r in table["rows"] if r["row"] == "files:create")
+    assert create["arms"][FT]["rate"] == [200.0, 200.0]  # 100 files / 0.5 s
+    assert create["arms"][FT]["cpu"] == [pytest.approx(100.0)] * 2  # 0.01 s / 100
+    assert create["arms"]["c-ll"]["status"] == "skipped"
+    assert "c-ll skipped: x" in text
+    assert not any(r["row"] == "files:rm" for r in table["rows"])  # no data: no row
+
+
+@pytest.mark.mount
+@needs_c_arm
+def test_passthrough_smoke_runs_the_c_arm(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = bench("run", "--preset", "passthrough", "--smoke", "--out", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["completed"] and run["passthrough_ll"]["libfuse"]
+    cells = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert {c["status"] for c in cells} == {"ok"}, [c.get("reason") for c in cells]
+    c_cells = [c for c in cells if c["arm"] == "c-ll"]
+    assert len(c_cells) == len(run["plan"]["workloads"])
+    for c in c_cells:
+        assert c["daemon"] == "passthrough_ll"
+        assert c["daemon_options"].startswith("source=") and "xattr" not in c["daemon_options"]
+        assert c["daemon_cpu_total_s"] is not None  # reaped with wait4: it exited
+        assert not Path(f"/proc/{c['daemon_pid']}/cmdline").exists() or (
+            "passthrough_ll" not in Path(f"/proc/{c['daemon_pid']}/cmdline").read_text()
+        )
+    ft = [c for c in cells if c["arm"] == "ft-adaptive:xattrs=off"]
+    # The daemon's defaults but for xattrs (like passthrough_ll's, which serves none).
+    assert {c["daemon_options"] for c in ft} == {"mode=adaptive,xattrs=off"}
+    files = next(c for c in cells if c["workload"] == "files" and c["arm"] == "c-ll")
+    for phase in ("create", "ls_cold", "ls_warm", "stat_cold", "stat_warm", "rm"):
+        assert files[f"wl_{phase}_s"] > 0 and files[f"wl_{phase}_cpu_s"] >= 0, phase
+    read = next(c for c in cells if c["workload"] == "read" and c["arm"] == "c-ll")
+    assert read["app_bytes"] == 16 * MiB and read["wl_prepare_s"] > 0
+
+    # The summary and the terminal carry the table with ratios against the C arm.
+    summary = (out / "summary.md").read_text()
+    header = next(line for line in summary.splitlines() if line.startswith("| workload | unit"))
+    assert "ft-adaptive:xattrs=off/c-ll |" in header
+    assert "ft-adaptive:xattrs=off/c-ll CPU |" in header
+    rows = [line for line in summary.splitlines() if "| MiB/s, CPU-s/GiB |" in line]
+    assert len(rows) == 5  # four dd block sizes and the read
+    assert all(line.rstrip(" |").endswith("x") for line in rows), rows
+    assert "side by side on tmpfs" in res.stdout and "ft-adaptive:xattrs=off/c-ll" in res.stdout
+    assert list(out.glob("plot-*-side-by-side-rate.png"))
+    summary_json = json.loads((out / "summary.json").read_text())
+    assert summary_json["side_by_side"][0]["pairs"] == [["ft-adaptive:xattrs=off", "c-ll"]]
+
+    # Torn down: no mount of type fuse.passthrough_ll (or any) left, no daemon serving one.
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert not [ln for ln in mounts.splitlines() if f"run-{run['pid']}" in ln]
+    assert processes_mounting_under(run["pid"]) == []
+    assert leftovers(run["pid"]) == []
+
+
+@pytest.mark.mount
+@needs_c_arm
+def test_ctrl_c_during_the_c_arm_unmounts_it(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "bench", "run", "--preset", "passthrough", "--smoke"]
+    cmd += ["--arms", "c-ll", "--workload", "files:30000", "--out", str(out)]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the C arm never mounted"
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                tag = f"run-{json.loads((out / 'run.json').read_text())['pid']}/"
+                mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+                if any(tag in ln and "fuse.passthrough_ll" in ln for ln in mounts):
+                    break
+            time.sleep(0.05)
+        time.sleep(0.5)  # into the workload
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    run = json.loads((out / "run.json").read_text())
+    assert leftovers(run["pid"]) == []
+    assert processes_mounting_under(run["pid"]) == []

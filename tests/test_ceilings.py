@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -67,20 +68,34 @@ def test_reads_and_metadata_pass_free_unless_asked() -> None:
 
 @pytest.mark.mount
 def test_metered_limit_is_delivered_within_five_percent(make_mount) -> None:
-    """Through a real mount: 16 MiB/s of metered writes over 10 s, measured from outside."""
+    """Through a real mount: 16 MiB/s of metered writes over 10 s, as the target receives them.
+
+    Measured at the target, because the writeback cache lets the writer run ahead of it by the
+    kernel's share of the window; what the ceiling promises is the rate the target sees.
+    """
     daemon = make_mount(options=["metered_limit=16M", "mode=off"])
+    assert daemon.source is not None
     path = daemon.mountpoint / "stream.bin"
+    landed = daemon.source / "stream.bin"
     block = os.urandom(MiB)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for _ in range(8):  # spend the burst first, then measure steady state
+    stop = time.monotonic() + 14.0
+    samples: list[tuple[float, int]] = []
+
+    def writer() -> None:
+        while time.monotonic() < stop:
             os.write(fd, block)
-        start = time.monotonic()
-        written = 0
-        while time.monotonic() - start < 10.0:
-            written += os.write(fd, block)
-        elapsed = time.monotonic() - start
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        time.sleep(2.0)  # spend the burst first, then measure steady state
+        samples.append((time.monotonic(), landed.stat().st_size))
+        time.sleep(10.0)
+        samples.append((time.monotonic(), landed.stat().st_size))
     finally:
+        thread.join()
         os.close(fd)
-    rate = written / elapsed
+    (t0, s0), (t1, s1) = samples
+    rate = (s1 - s0) / (t1 - t0)
     assert abs(rate - 16 * MiB) / (16 * MiB) <= 0.05, f"{rate / MiB:.2f} MiB/s"

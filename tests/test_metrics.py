@@ -410,7 +410,14 @@ def _fsync_count(samples: dict, reason: str) -> float:
 def test_scrape_follows_writes_through_a_real_mount(make_mount) -> None:
     port = _free_port()
     ft = make_mount(
-        options=[f"metrics=127.0.0.1:{port}", "mode=static", "batch=1M", "window=4M", "max_age=60s"]
+        options=[
+            f"metrics=127.0.0.1:{port}",
+            "mode=static",
+            "batch=1M",
+            "window=4M",
+            "max_age=60s",
+            "writeback_cache=no",  # one FUSE write per write(), counted below
+        ]
     )
     before = _scrape(port)
     assert _value(before, "fusethrottle_written_bytes_total") == 0
@@ -528,8 +535,9 @@ def test_sigusr1_logs_the_task_tree_and_thread_stacks(make_mount) -> None:
 @pytest.mark.mount
 def test_ceiling_delays_are_counted(make_mount) -> None:
     port = _free_port()
-    # 100 units/s at 5 units per write: 20 writes/s once the 0.25 s burst is spent.
-    ft = make_mount(options=[f"metrics=127.0.0.1:{port}", "ops_limit=100"])
+    # 100 units/s at 5 units per write: 20 writes/s once the 0.25 s burst is spent. Without the
+    # writeback cache, so that each write() is one request to pay for.
+    ft = make_mount(options=[f"metrics=127.0.0.1:{port}", "ops_limit=100", "writeback_cache=no"])
     started = time.monotonic()
     with open(ft.mountpoint / "small", "wb", buffering=0) as f:
         for _ in range(30):

@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import stat
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +165,9 @@ def run(
     monkeypatch.setattr(pyfuse3, "readdir_reply", fake_readdir_reply)
 
     def runner(body: Body, expect_log: bool = False, **options: Any) -> None:
+        # These calls stand for a kernel without the writeback cache, one request per write();
+        # tests of the writeback-cache contract ask for it.
+        options.setdefault("writeback_cache", False)
         config = Config(source=str(backing), mountpoint="/nonexistent", **options)
         calls: collections.Counter[str] = collections.Counter()
 
@@ -236,6 +240,22 @@ def test_each_open_has_its_own_descriptor(run: Callable[..., None], backing: Pat
         await fails(errno.EBADF, fs.ops.read(writer, 0, 1))
 
     run(body)
+
+
+def test_with_the_writeback_cache_the_kernel_positions_appends_and_reads_pages(
+    run: Callable[..., None], backing: Path
+) -> None:
+    """The kernel fills partial pages by reading and sends appends at their real offset."""
+
+    async def body(fs: Fs) -> None:
+        nodeid = await fs.put(ROOT, b"f", b"head")
+        appender = await fs.open(nodeid, os.O_WRONLY | os.O_APPEND)
+        assert await fs.ops.write(appender, 4, b"+tail") == 5  # the kernel chose offset 4
+        assert await fs.ops.read(appender, 0, 4) == b"head"  # write-only opens can read pages
+        await fs.ops.release(appender)
+
+    run(body, writeback_cache=True)
+    assert (backing / "f").read_bytes() == b"head+tail"
 
 
 def test_open_flags_reach_the_backing_file(run: Callable[..., None], backing: Path) -> None:
@@ -573,21 +593,47 @@ def test_capability_probe_is_answered_without_asking_the_target(run: Callable[..
     """The kernel asks for security.capability before every write(); one answer is cached."""
 
     async def body(fs: Fs) -> None:
-        nodeid = await fs.put(ROOT, b"f", b"")
+        created = await fs.put(ROOT, b"new", b"")
+        (fs.backing / "f").touch()  # made on the target by someone else
+        nodeid = (await fs.ops.lookup(ROOT, b"f", ctx())).st_ino
         asked: list[bytes] = []
-        real = fs.mount.backend.getxattr
+        real = fs.mount.backend.getxattr_listed
 
-        async def counting(path_fd: int, name: bytes) -> bytes:
+        async def counting(path_fd: int, name: bytes) -> tuple[bytes | None, list[bytes]]:
             asked.append(name)
             return await real(path_fd, name)
 
-        fs.mount.backend.getxattr = counting  # type: ignore[method-assign]
+        fs.mount.backend.getxattr_listed = counting  # type: ignore[method-assign]
+        # A file this mount just created has no capability: the target is never asked.
+        await fails(errno.ENODATA, fs.ops.getxattr(created, b"security.capability", ctx()))
+        assert asked == []
         for _ in range(5):
             await fails(errno.ENODATA, fs.ops.getxattr(nodeid, b"security.capability", ctx()))
         assert len(asked) == 1
         await fs.ops.setxattr(nodeid, b"user.x", b"1", ctx())  # any change drops the cache
         await fails(errno.ENODATA, fs.ops.getxattr(nodeid, b"security.capability", ctx()))
         assert len(asked) == 2
+
+    run(body)
+
+
+def test_absent_xattrs_are_answered_from_one_listing(
+    run: Callable[..., None], backing: Path
+) -> None:
+    """ls -l asks every file for an ACL and a security label: one trip to the target answers
+    both, a present name still returns its value, and a change through the mount is seen."""
+    (backing / "f").touch()
+    os.setxattr(backing / "f", "user.colour", b"blue")
+
+    async def body(fs: Fs) -> None:
+        nodeid = (await fs.ops.lookup(ROOT, b"f", ctx())).st_ino
+        before = fs.calls["getxattr"]
+        await fails(errno.ENODATA, fs.ops.getxattr(nodeid, b"security.selinux", ctx()))
+        await fails(errno.ENODATA, fs.ops.getxattr(nodeid, b"system.posix_acl_access", ctx()))
+        assert fs.calls["getxattr"] == before + 1
+        assert await fs.ops.getxattr(nodeid, b"user.colour", ctx()) == b"blue"
+        await fs.ops.setxattr(nodeid, b"user.size", b"L", ctx())
+        assert await fs.ops.getxattr(nodeid, b"user.size", ctx()) == b"L"
 
     run(body)
 
@@ -780,3 +826,53 @@ def test_concurrent_renames_links_unlinks_leave_a_consistent_table(
         assert all(len(nodes) == 1 for nodes in groups.values())
 
     run(body)
+
+
+# --- xattrs not offered (xattrs=off, or a target without them) --------------------------------
+# A file capability as setcap writes it: revision 2, CAP_NET_RAW permitted.
+_CAPABILITY_BLOB = struct.pack("<IIIII", 0x02000000, 1 << 13, 0, 0, 0)
+
+
+def test_without_xattrs_the_kernel_is_told_once_and_capabilities_still_go_on_write(
+    run: Callable[..., None], backing: Path
+) -> None:
+    """ENOSYS makes the kernel stop asking (no round trip per write); the daemon then removes
+    a file capability on the first write itself, as the kernel would have."""
+    (backing / "tool").write_bytes(b"#!")
+    try:
+        os.setxattr(backing / "tool", "security.capability", _CAPABILITY_BLOB)
+    except OSError as err:
+        pytest.skip(f"cannot set a file capability here: {err.strerror}")
+
+    async def body(fs: Fs) -> None:
+        nodeid = (await fs.lookup(ROOT, b"tool")).st_ino
+        for call in (
+            fs.ops.getxattr(nodeid, b"security.capability", ctx()),
+            fs.ops.listxattr(nodeid, ctx()),
+            fs.ops.setxattr(nodeid, b"user.x", b"1", ctx()),
+            fs.ops.removexattr(nodeid, b"user.x", ctx()),
+        ):
+            await fails(errno.ENOSYS, call)
+        reader = await fs.open(nodeid, os.O_RDONLY)
+        await fs.ops.release(reader)
+        assert os.getxattr(backing / "tool", "security.capability") == _CAPABILITY_BLOB
+        writer = await fs.open(nodeid, os.O_WRONLY)
+        await fs.ops.write(writer, 2, b"x")
+        await fs.ops.release(writer)
+
+    run(body, xattrs="off")
+    with pytest.raises(OSError) as gone:
+        os.getxattr(backing / "tool", "security.capability")
+    assert gone.value.errno == errno.ENODATA
+    assert (backing / "tool").read_bytes() == b"#!x"
+
+
+def test_auto_offers_xattrs_when_the_target_has_them(
+    run: Callable[..., None], backing: Path
+) -> None:
+    async def body(fs: Fs) -> None:
+        nodeid = await fs.put(ROOT, b"f", b"")
+        await fs.ops.setxattr(nodeid, b"user.colour", b"red", ctx())
+        assert await fs.ops.getxattr(nodeid, b"user.colour", ctx()) == b"red"
+
+    run(body, xattrs="auto")

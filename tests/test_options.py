@@ -62,7 +62,17 @@ def test_defaults_match_the_design() -> None:
         256 * MiB,
         30.0,
     )
-    assert config.writeback_cache is False
+    # Small writes reach the daemon coalesced; the kernel's share of the window is bounded.
+    assert (config.writeback_cache, config.kernel_cache, config.xattrs) == (True, 32 * MiB, "auto")
+    assert parse_options(["writeback_cache=no"]).writeback_cache is False
+
+
+def test_xattrs_and_kernel_cache_options() -> None:
+    assert parse_options(["xattrs=off", "kernel_cache=8M"]).kernel_cache == 8 * MiB
+    with pytest.raises(OptionError, match="xattrs"):
+        parse_options(["xattrs=maybe"])
+    with pytest.raises(OptionError, match="kernel_cache"):
+        parse_options(["kernel_cache=lots"])
 
 
 def test_a_starting_window_outside_the_default_bounds_moves_them() -> None:

@@ -1,0 +1,109 @@
+"""Worker threads for calls into the target: trio.to_thread.run_sync without the extras.
+
+Every FUSE request that touches the target is one trip to a worker thread and back, so on a
+tree of small files the trip, not the syscall, is the daemon's main cost. trio's general
+version pays for things this daemon does not use on every trip (a capacity limiter's
+bookkeeping, a copied context, renaming the worker thread for each job); measured here, a trip
+cost 76 us with it against 70 us without on trio 0.35, and 122 us against 77 us on Debian 12's
+trio 0.22. What stays is what the daemon relies on:
+
+* at most ``size`` threads per pool; more calls queue (a hung NFS server fills one pool, and
+  the others, and the event loop, keep going);
+* a cancelled caller (unmount giving up on a hung target) returns at once and leaves its thread
+  behind; whatever that thread returns later is dropped;
+* an exception in the call is raised in the caller.
+
+Concurrency: ``run`` is called from the event loop only; the counters shared with the threads
+are guarded by one lock, held for a few instructions.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import outcome
+import trio
+
+T = TypeVar("T")
+
+
+class _Job:
+    __slots__ = ("abandoned", "args", "fn", "task", "token")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        task: Any,
+        token: trio.lowlevel.TrioToken,
+    ) -> None:
+        self.fn = fn
+        self.args = args
+        self.task = task
+        self.token = token
+        self.abandoned = False
+
+
+def _deliver(job: _Job, result: outcome.Outcome) -> None:
+    """On the event loop: hand the result to the caller, unless it gave up waiting."""
+    if not job.abandoned:
+        trio.lowlevel.reschedule(job.task, result)
+
+
+class WorkerPool:
+    """Up to ``size`` threads, started on demand and kept; jobs run in submission order."""
+
+    def __init__(self, name: str, size: int) -> None:
+        if size < 1:
+            raise ValueError("a pool needs at least one thread")
+        self.name = name
+        self.size = size
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._queued = 0
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` in a worker thread; a cancelled caller abandons the thread."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        job = _Job(fn, args, trio.lowlevel.current_task(), trio.lowlevel.current_trio_token())
+        with self._lock:
+            self._queued += 1
+            start = self._idle < self._queued and self._threads < self.size
+            if start:
+                self._threads += 1
+        if start:
+            threading.Thread(
+                target=self._work, name=f"fusethrottle {self.name}", daemon=True
+            ).start()
+        self._jobs.put(job)
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            job.abandoned = True
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            job = self._jobs.get()
+            with self._lock:
+                self._idle -= 1
+                self._queued -= 1
+            if job.abandoned:  # cancelled before it started: nobody waits for it
+                continue
+            result = outcome.capture(job.fn, *job.args)
+            try:
+                job.token.run_sync_soon(_deliver, job, result)
+            except trio.RunFinishedError:
+                return  # the event loop is gone (shutdown): nothing to deliver to

@@ -1,0 +1,77 @@
+"""The kernel's share of the window (pure rules, plus the sysfs file on a plain directory)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fusethrottle import kernel_cache
+from fusethrottle.kernel_cache import MIN_SHARE, KernelCache, kernel_share
+
+MiB = 1 << 20
+
+
+@given(window=st.integers(0, 1 << 34), limit=st.integers(1, 1 << 30))
+def test_the_share_is_a_quarter_of_the_window_within_its_bounds(window: int, limit: int) -> None:
+    share = kernel_share(window, limit)
+    assert share <= limit
+    assert share >= min(limit, MIN_SHARE)
+    if min(limit, MIN_SHARE) <= window // 4 <= limit:
+        assert share == window // 4
+
+
+def test_no_limit_means_no_kernel_share() -> None:
+    assert kernel_share(256 * MiB, 0) == 0
+
+
+@pytest.fixture
+def bdi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for /sys/class/bdi/<dev>/ (the real one is exercised by the mount tests)."""
+    (tmp_path / "0:99").mkdir()
+    (tmp_path / "0:99" / "max_bytes").write_text("49846108\n")
+    monkeypatch.setattr(kernel_cache, "bdi_dir", lambda device: str(tmp_path / device))
+    return tmp_path / "0:99" / "max_bytes"
+
+
+def test_the_share_follows_the_window_but_only_when_it_moves_a_lot(bdi: Path) -> None:
+    cache = KernelCache(enabled=True, limit=32 * MiB)
+    cache.attach("0:99", 256 * MiB)
+    assert int(bdi.read_text()) == 32 * MiB
+    # The gate admits to the target what the kernel's share leaves of the window.
+    assert cache.ledger_window(256 * MiB) == 224 * MiB
+    cache.update(40 * MiB)
+    assert int(bdi.read_text()) == 10 * MiB
+    bdi.write_text("untouched")
+    cache.update(44 * MiB)  # 11 MiB: within a quarter of 10 MiB, not rewritten
+    assert bdi.read_text() == "untouched"
+    assert cache.statistics().limit_bytes == 10 * MiB and cache.statistics().enforced
+
+
+def test_a_kernel_without_max_bytes_keeps_its_own_limit_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(kernel_cache, "bdi_dir", lambda device: str(tmp_path / device))
+    cache = KernelCache(enabled=True, limit=32 * MiB)
+    with caplog.at_level(logging.WARNING):
+        cache.attach("0:98", 256 * MiB)
+    assert "cannot bound the kernel's cache" in caplog.text
+    assert not cache.statistics().enforced
+    assert cache.ledger_window(256 * MiB) == 256 * MiB  # nothing known to subtract
+
+
+def test_disabled_leaves_the_window_to_the_target(bdi: Path) -> None:
+    cache = KernelCache(enabled=False, limit=32 * MiB)
+    cache.attach("0:99", 256 * MiB)
+    assert bdi.read_text() == "49846108\n"
+    assert cache.ledger_window(256 * MiB) == 256 * MiB
+    assert cache.statistics().limit_bytes == 0
+
+
+def test_read_ahead_is_set_even_without_the_writeback_cache(bdi: Path) -> None:
+    (bdi.parent / "read_ahead_kb").write_text("128\n")
+    KernelCache(enabled=False, limit=0, read_ahead=4 * MiB).attach("0:99", 256 * MiB)
+    assert (bdi.parent / "read_ahead_kb").read_text() == "4096"
