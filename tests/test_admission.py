@@ -352,3 +352,49 @@ def test_paced_writer_never_stops_for_a_whole_fsync(table) -> None:
         assert 1024 * MiB / elapsed > 0.9 * 20 * MiB  # pacing costs no throughput
 
     run_mock(main)
+
+
+def test_discarding_a_files_data_wakes_the_writers_it_was_blocking() -> None:
+    """open(O_TRUNC), truncate to 0 and the last unlink all go through the budget, which wakes
+    queued writers (open(O_TRUNC) used to drop the bytes and leave the writers asleep)."""
+
+    async def main() -> None:
+        ledger = Ledger()
+        gate = WindowGate(ledger, lambda: MiB, timeout=60.0)
+        budget = WriteBudget(ledger, gate, batch=MiB)
+        ledger.reserve(MiB)
+        ledger.written(7, MiB, MiB, trio.current_time())  # the window is full of file 7's data
+        admitted_at: list[float] = []
+
+        async def writer() -> None:
+            async def send() -> int:
+                return 4096
+
+            await budget.write(8, 4096, send)
+            admitted_at.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer)
+            await trio.sleep(1.0)
+            assert admitted_at == [] and gate.waiting == 1
+            budget.discard(7)
+        assert admitted_at == [pytest.approx(1.0)]
+        assert ledger.unsynced == 4096
+
+    run_mock(main)
+
+
+def test_a_write_that_fails_gives_its_admission_back_and_wakes_the_next() -> None:
+    async def main() -> None:
+        ledger = Ledger()
+        gate = WindowGate(ledger, lambda: MiB, timeout=60.0)
+        budget = WriteBudget(ledger, gate, batch=MiB)
+
+        async def failing() -> int:
+            raise OSError(errno.EIO, "target gone")
+
+        with pytest.raises(OSError):
+            await budget.write(1, MiB, failing)
+        assert ledger.unsynced == 0 and ledger.reserved == 0
+
+    run_mock(main)

@@ -1,0 +1,70 @@
+"""The worker pool every call into the target runs in (real threads, real trio, no mount)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import trio
+
+from fusethrottle.workers import WorkerPool
+
+
+def test_results_and_exceptions_come_back_to_the_caller() -> None:
+    async def main() -> None:
+        pool = WorkerPool("t", 2)
+        assert await pool.run(lambda a, b: a + b, 2, 3) == 5
+        assert await pool.run(threading.get_ident) != threading.get_ident()
+        with pytest.raises(FileNotFoundError):
+            await pool.run(open, "/nonexistent/fusethrottle")
+
+    trio.run(main)
+
+
+def test_never_more_threads_than_its_size_and_queued_calls_still_run() -> None:
+    async def main() -> None:
+        pool = WorkerPool("t", 3)
+        running = 0
+        peak = 0
+        lock = threading.Lock()
+
+        def job() -> None:
+            nonlocal running, peak
+            with lock:
+                running += 1
+                peak = max(peak, running)
+            time.sleep(0.02)
+            with lock:
+                running -= 1
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(12):
+                nursery.start_soon(pool.run, job)
+        assert peak == 3 and pool.threads == 3
+
+    trio.run(main)
+
+
+def test_a_cancelled_caller_leaves_a_hung_call_behind_and_the_loop_goes_on() -> None:
+    """A hung NFS server: the call never returns; unmount must not wait for it."""
+    release = threading.Event()
+    finished = threading.Event()
+
+    def hung() -> str:
+        release.wait(10)
+        finished.set()
+        return "late"
+
+    async def main() -> None:
+        pool = WorkerPool("t", 2)
+        with trio.move_on_after(0.2) as scope:
+            await pool.run(hung)
+        assert scope.cancelled_caught
+        assert await pool.run(lambda: "other thread") == "other thread"
+        release.set()
+        await trio.to_thread.run_sync(finished.wait, 5)
+        await trio.sleep(0.05)  # its late result is dropped, nothing is rescheduled twice
+
+    trio.run(main)
+    assert finished.is_set()
