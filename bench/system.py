@@ -323,6 +323,9 @@ def start(
     else:
         out = open(stdout, "wb") if stdout else subprocess.DEVNULL  # noqa: SIM115
     err = open(stderr, "wb") if stderr else subprocess.DEVNULL  # noqa: SIM115
+    # Ctrl-C between the fork and push_child below would leave a child nobody tears down (seen
+    # as a neighbour left running in its cgroup): hold SIGINT until the child is registered.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         popen = subprocess.Popen(
             in_cgroup(cmd, cgroup_procs),
@@ -333,14 +336,15 @@ def start(
             cwd=cwd,
             start_new_session=True,
         )
+        child = Child(name, popen, time.monotonic(), process_start_ticks(popen.pid))
+        child.key = teardown.push_child(child)
     except FileNotFoundError:
         raise BenchError(f"{cmd[0]} is not installed") from None
     finally:
         for f in (out, err):
             if not isinstance(f, int):
                 f.close()
-    child = Child(name, popen, time.monotonic(), process_start_ticks(popen.pid))
-    child.key = teardown.push_child(child)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     return child
 
 

@@ -36,6 +36,10 @@ from .workers import WorkerPool
 T = TypeVar("T")
 
 O_PATH = os.O_PATH
+#: How long released descriptors gather before one thread trip closes them all.
+CLOSE_GATHER = 0.02
+#: Longest a batch of closes may hold up a shutdown (see Backend.run_closer).
+CLOSE_GRACE = 5.0
 # Flags that make sense when *creating* a path but must not reach a re-open through /proc.
 _REOPEN_STRIP = os.O_CREAT | os.O_EXCL | os.O_NOCTTY | os.O_NOFOLLOW
 
@@ -292,6 +296,12 @@ def _flush(fd: int) -> None:
     os.close(os.dup(fd))
 
 
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):  # nobody is told: the kernel ignores release errors
+            os.close(fd)
+
+
 def _fsync_path(path_fd: int, datasync: bool) -> None:
     try:
         fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_CLOEXEC)
@@ -330,6 +340,8 @@ class Backend:
         self.data = WorkerPool("data", threads)
         self.sync = WorkerPool("sync", sync_threads)
         self.observer = observer
+        self._to_close: list[int] = []
+        self._close_wakeup = trio.Event()
         #: Told the fresh attributes of every directory a call changed.
         self.on_dir_changed: Callable[[os.stat_result], None] | None = None
 
@@ -535,6 +547,34 @@ class Backend:
 
     async def close(self, fd: int) -> None:
         await self._run(self.data, os.close, fd)
+
+    def close_soon(self, fd: int) -> None:
+        """Close a released file's descriptor in the background, with the others released
+        meanwhile: one trip to a thread for many files (the kernel does not wait for the
+        release reply, so nobody waits for the close; on a tree copy this saves a trip per
+        file). Needs :meth:`run_closer` running."""
+        self._to_close.append(fd)
+        self._close_wakeup.set()
+
+    async def run_closer(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Close what :meth:`close_soon` queued, until cancelled; then the rest, here."""
+        task_status.started()
+        try:
+            while True:
+                await self._close_wakeup.wait()
+                await trio.sleep(CLOSE_GATHER)  # let a tree copy's next releases join in
+                self._close_wakeup = trio.Event()
+                fds, self._to_close = self._to_close, []
+                # Shielded, so that a shutdown does not leave these to a thread it no longer
+                # waits for; bounded, so that a hung target cannot hold the shutdown.
+                with trio.move_on_after(CLOSE_GRACE) as scope:
+                    scope.shield = True
+                    await self._run(self.data, _close_all, fds)
+        finally:
+            fds, self._to_close = self._to_close, []
+            _close_all(fds)
 
     async def fsync(self, fd: int, datasync: bool = False) -> None:
         await self._run(self.sync, os.fdatasync if datasync else os.fsync, fd)

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 HANDLER_GRACE = 10.0
 EXTRA_TASK_START_TIMEOUT = 10.0
 STARTUP_WINDOW = 16 << 20
+#: Largest request buffer (a 1 MiB FUSE write) and then some: see _libc.keep_request_buffers...
+REQUEST_BUFFER_MAX = 4 << 20
 #: Longer than the kernel's longest dirty-throttling pause (200 ms): see _write_back_kernel_cache.
 CACHE_QUIET_PAUSE = 0.3
 
@@ -224,9 +226,9 @@ class Daemon:
         try:
             info = find_mount(config.mountpoint, fstype="fuse.fusethrottle")
             self._mount_id = info.device if info else None
-            self.mount.kernel_cache.attach(self._mount_id, self.mount.window())
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.mount.flusher.run)
+                await nursery.start(self.mount.backend.run_closer)
                 nursery.start_soon(self._signals)
                 nursery.start_soon(self._announce_ready, config.mountpoint)
                 nursery.start_soon(self._watch_unmount)
@@ -261,6 +263,9 @@ class Daemon:
         except OSError as err:
             log.error("mount at %s does not answer: %s", mountpoint, err.strerror)
             return
+        # Only now: the kernel applies what FUSE_INIT negotiated (read-ahead included) when
+        # the first request is answered, which would undo settings made before it.
+        self.mount.kernel_cache.attach(self._mount_id, self.mount.window())
         log.info(
             "mounted %s on %s (mode=%s, batch=%d, window=%d)",
             self.mount.config.source,
@@ -394,6 +399,7 @@ def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
     """Mount and serve until unmounted; returns the process exit code."""
     os.umask(0)  # the kernel already applied the caller's umask to every mode we receive
     raise_fd_limit()
+    _libc.keep_request_buffers_in_the_heap(REQUEST_BUFFER_MAX)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     from .metrics import attach_metrics
 

@@ -37,6 +37,8 @@ FsyncObserver = Callable[[str, float, int, "int | None"], None]
 
 #: Released files at most this dirty are synced in groups (see the module docstring).
 GROUP_SYNC_MAX_BYTES = 1 << 20
+#: How long released files gather before a group starts: nobody waits for these fsyncs.
+GROUP_SYNC_GATHER = 0.02
 #: At most this many files per group, so one group's thread call stays short.
 GROUP_SYNC_MAX_FILES = 256
 
@@ -185,6 +187,7 @@ class Flusher:
         """Sync released small files, one thread call per group, until none are left."""
         try:
             while self._group:
+                await trio.sleep(GROUP_SYNC_GATHER)  # let the next released files join in
                 nodeids = self._group[:GROUP_SYNC_MAX_FILES]
                 del self._group[:GROUP_SYNC_MAX_FILES]
                 tickets: list[SyncTicket] = []

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass
 
 import pyfuse3
+import trio
 
 ROOT = pyfuse3.ROOT_INODE
 _PRIVATE_BASE = 1 << 62
@@ -41,6 +42,8 @@ class Inode:
     # With xattrs not offered, the kernel cannot see a file capability, so the next write
     # through the mount must remove it (as the kernel would have).
     capability_to_drop: bool = False
+    # Writes of this file take turns (see Operations.write); made on the first write.
+    write_lock: trio.Lock | None = None
     # Set once its last name was unlinked through the mount: what it looked like then.
     removed: os.stat_result | None = None
 

@@ -86,6 +86,9 @@ class KernelCache:
         if not self.enabled:
             return
         path = os.path.join(bdi_dir(device), "max_bytes")
+        if self.limit <= 0:  # kernel_cache=0: the user leaves the kernel's own limit in force
+            self._read_kernel_limit(path)
+            return
         if not os.path.exists(path):
             self._fallback(path, "the kernel has no per-mount max_bytes (needs Linux 6.2)")
             return
@@ -109,14 +112,17 @@ class KernelCache:
         self.share = share
         self.enforced = True
 
-    def _fallback(self, path: str, why: str) -> None:
-        """Report the kernel's own limit for this mount when we cannot set ours."""
+    def _read_kernel_limit(self, path: str) -> None:
         self.enforced = False
         try:
             with open(path) as f:
                 self.share = int(f.read())
         except (OSError, ValueError):
             self.share = 0
+
+    def _fallback(self, path: str, why: str) -> None:
+        """Report the kernel's own limit for this mount when we cannot set ours."""
+        self._read_kernel_limit(path)
         if not self._warned:
             self._warned = True
             log.warning(

@@ -566,7 +566,14 @@ class Operations(pyfuse3.Operations):
         async def send() -> int:
             return await self.backend.pwrite(handle.fd, buf, off, handle.direct, drop)
 
-        written = await self.budget.write(node.nodeid, len(buf), send)
+        # With the writeback cache the kernel sends up to a dozen writes of one file at once.
+        # The target serialises them on the file's lock anyway; in parallel they only spin on
+        # it (measured on tmpfs: 1 MiB writes at 326 MB/s with half the daemon's CPU spinning,
+        # against over 1 GB/s one at a time).
+        if node.write_lock is None:
+            node.write_lock = trio.Lock()
+        async with node.write_lock:
+            written = await self.budget.write(node.nodeid, len(buf), send)
         if drop:
             node.capability_to_drop = False
         self.events.bytes_written(written)
@@ -583,7 +590,7 @@ class Operations(pyfuse3.Operations):
         handle = self.files.pop(fh, None)
         if handle is None:
             return
-        await self.backend.close(handle.fd)
+        self.backend.close_soon(handle.fd)
         nodeid = handle.inode.nodeid
         if self.ledger.released(nodeid) and self.flusher.inject:
             self.flusher.start(nodeid, "release")

@@ -75,3 +75,12 @@ def test_read_ahead_is_set_even_without_the_writeback_cache(bdi: Path) -> None:
     (bdi.parent / "read_ahead_kb").write_text("128\n")
     KernelCache(enabled=False, limit=0, read_ahead=4 * MiB).attach("0:99", 256 * MiB)
     assert (bdi.parent / "read_ahead_kb").read_text() == "4096"
+
+
+def test_kernel_cache_zero_leaves_the_kernels_own_limit(bdi: Path) -> None:
+    """0 must never reach max_bytes: with strict_limit the writer would wait forever."""
+    cache = KernelCache(enabled=True, limit=0)
+    cache.attach("0:99", 256 * MiB)
+    cache.update(1 << 30, force=True)
+    assert bdi.read_text() == "49846108\n"
+    assert cache.statistics().limit_bytes == 49846108 and not cache.statistics().enforced

@@ -177,6 +177,7 @@ def run(
             try:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(mount.flusher.run)
+                    await nursery.start(mount.backend.run_closer)
                     await body(fs)
                     await fs.release_all()
                     assert await mount.flusher.flush_all("test") == []
