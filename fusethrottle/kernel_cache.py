@@ -81,6 +81,8 @@ class KernelCache:
             try:
                 with open(os.path.join(bdi_dir(device), "read_ahead_kb"), "w") as f:
                     f.write(str(self.read_ahead // 1024))
+            except FileNotFoundError:
+                return  # unmounted already
             except OSError as err:
                 log.info("kernel read-ahead left at its default: %s", err.strerror or err)
         if not self.enabled:
@@ -89,6 +91,8 @@ class KernelCache:
         if self.limit <= 0:  # kernel_cache=0: the user leaves the kernel's own limit in force
             self._read_kernel_limit(path)
             return
+        if not os.path.isdir(bdi_dir(device)):
+            return  # unmounted already (a very short mount): nothing left to bound
         if not os.path.exists(path):
             self._fallback(path, "the kernel has no per-mount max_bytes (needs Linux 6.2)")
             return
@@ -105,6 +109,9 @@ class KernelCache:
         try:
             with open(self._path, "w") as f:
                 f.write(str(share))
+        except FileNotFoundError:
+            self._path = None  # the mount went away meanwhile
+            return
         except OSError as err:
             self._fallback(self._path, err.strerror or str(err))
             self._path = None

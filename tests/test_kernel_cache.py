@@ -55,12 +55,23 @@ def test_a_kernel_without_max_bytes_keeps_its_own_limit_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(kernel_cache, "bdi_dir", lambda device: str(tmp_path / device))
+    (tmp_path / "0:98").mkdir()  # a bdi without max_bytes: Linux before 6.2
     cache = KernelCache(enabled=True, limit=32 * MiB)
     with caplog.at_level(logging.WARNING):
         cache.attach("0:98", 256 * MiB)
     assert "cannot bound the kernel's cache" in caplog.text
     assert not cache.statistics().enforced
     assert cache.ledger_window(256 * MiB) == 256 * MiB  # nothing known to subtract
+
+
+def test_a_mount_already_gone_is_no_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mount unmounted before the daemon got to set its limits (a very short one)."""
+    monkeypatch.setattr(kernel_cache, "bdi_dir", lambda device: str(tmp_path / device))
+    with caplog.at_level(logging.WARNING):
+        KernelCache(enabled=True, limit=32 * MiB, read_ahead=4 * MiB).attach("0:97", 256 * MiB)
+    assert caplog.text == ""
 
 
 def test_disabled_leaves_the_window_to_the_target(bdi: Path) -> None:
