@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench import sidebyside
 from bench.results import dump_json, read_cells, read_csv
-from bench.stats import finite, median
+from bench.stats import distinct, finite, median
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +63,6 @@ METRICS = (
 RATIO_KEYS = ("app_mibps", "target_mibps", "dirty_wb_peak_mib", "victim_max_ms", "cpu_s_per_gib")
 
 
-def _order(cells: Sequence[dict], key: str) -> list[str]:
-    seen: list[str] = []
-    for c in cells:
-        if c[key] not in seen:
-            seen.append(c[key])
-    return seen
-
-
 def _applies(key: str, cell: dict) -> bool:
     """A writer that never called fsync has no fsync latency (not a latency of 0)."""
     return key != "writer_fsync_max_ms" or bool(cell.get("writer_fsyncs"))
@@ -81,10 +73,10 @@ def aggregate(cells: Sequence[dict]) -> list[dict]:
     groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for c in cells:
         groups[(c["target"], c["workload"], c["arm"])].append(c)
-    arms = _order(cells, "arm")
+    arms = distinct(cells, "arm")
     out = []
-    for target in _order(cells, "target"):
-        for workload in _order(cells, "workload"):
+    for target in distinct(cells, "target"):
+        for workload in distinct(cells, "workload"):
             for arm in arms:
                 runs = groups.get((target, workload, arm))
                 if not runs:
@@ -145,8 +137,8 @@ def _cell_text(stat: dict | None, fmt: str) -> str:
 
 def _sections(groups: Sequence[dict]) -> Iterator[tuple[str, str, list[dict]]]:
     """(target, workload, its groups) in report order, skipping empty combinations."""
-    for target in _order(groups, "target"):
-        for workload in _order(groups, "workload"):
+    for target in distinct(groups, "target"):
+        for workload in distinct(groups, "workload"):
             rows = [g for g in groups if g["target"] == target and g["workload"] == workload]
             if rows:
                 yield target, workload, rows
@@ -286,12 +278,12 @@ def plot_groups(out: Path, cells: Sequence[dict]) -> list[Path]:
         for r in read_csv(out / "probe.csv"):
             probes[r["cell"]].append((float(r["t"]), float(r["latency_s"]) * 1e3))
 
-    arms = _order(cells, "arm")
+    arms = distinct(cells, "arm")
     colors = {a: f"C{i % 10}" for i, a in enumerate(arms)}
     made = []
     ok = [c for c in cells if c["status"] == "ok"]
-    for target in _order(ok, "target"):
-        for workload in _order(ok, "workload"):
+    for target in distinct(ok, "target"):
+        for workload in distinct(ok, "workload"):
             group = [c for c in ok if c["target"] == target and c["workload"] == workload]
             if not group:
                 continue
@@ -322,7 +314,7 @@ def plot_groups(out: Path, cells: Sequence[dict]) -> list[Path]:
             limit = _rate_limit_line(group[0].get("schedule"), axes[0].get_xlim()[1])
             if limit:
                 axes[0].plot(*limit, color="0.4", lw=1, ls="--", drawstyle="steps-post")
-            shown = _order(group, "arm")
+            shown = distinct(group, "arm")
             handles = [Line2D([], [], color=colors[a], lw=1.6, label=a) for a in shown]
             fig.legend(handles=handles, loc="upper right", ncol=min(7, len(shown)), fontsize=8)
             axes[-1].set_xlabel("seconds since the backup started")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.stats import median
+from bench.stats import distinct, median
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +94,6 @@ def _num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and v == v else None  # NaN != NaN
 
 
-def _order(cells: Sequence[dict], key: str) -> list[str]:
-    seen: list[str] = []
-    for c in cells:
-        if c[key] not in seen:
-            seen.append(c[key])
-    return seen
-
-
 def fmt(v: float) -> str:
     """Three significant digits or so, never exponent notation."""
     a = abs(v)
@@ -150,9 +142,9 @@ def offers_xattrs(arm: str) -> bool:
 def build(cells: Sequence[dict]) -> list[dict]:
     """Per target: its rows, each arm's per-repeat rate and CPU, and the ratio columns."""
     out = []
-    for target in _order(cells, "target"):
+    for target in distinct(cells, "target"):
         mine = [c for c in cells if c["target"] == target]
-        arms = _order(mine, "arm")
+        arms = distinct(mine, "arm")
         arms = [a for a in arms if a != "idle"]
         pairs = [
             (f, c)
@@ -262,7 +254,7 @@ def _caption(t: dict) -> str:
 def arm_lines(cells: Sequence[dict], run: dict | None = None) -> list[str]:
     """What each arm ran exactly: the daemon's command line, from the first cell that has one."""
     out = []
-    for arm in _order(cells, "arm"):
+    for arm in distinct(cells, "arm"):
         mine = [c for c in cells if c["arm"] == arm]
         cmd = next((c.get("daemon_invocation") for c in mine if c.get("daemon_invocation")), None)
         if cmd:
@@ -270,7 +262,7 @@ def arm_lines(cells: Sequence[dict], run: dict | None = None) -> list[str]:
         elif arm == "direct":
             out.append("direct: no FUSE, the workload runs on the target itself")
     built = (run or {}).get("passthrough_ll")
-    if built and any(a.split(":")[0] in C_ARMS for a in _order(cells, "arm")):
+    if built and any(a.split(":")[0] in C_ARMS for a in distinct(cells, "arm")):
         out.append(
             f"passthrough_ll is libfuse {built.get('libfuse')}'s example "
             f"{built.get('source')} (sha256 {str(built.get('source_sha256'))[:12]}), built with "

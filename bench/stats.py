@@ -29,3 +29,8 @@ def median(values: Sequence[float]) -> float:
 
 def finite(values: Sequence[float | None]) -> list[float]:
     return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
+def distinct(cells: Sequence[dict], key: str) -> list[str]:
+    """The values of *key* across *cells*, each once, in order of first appearance."""
+    return list(dict.fromkeys(c[key] for c in cells))
