@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,32 @@ def _generic(command: list[str], source: Path, mountpoint: Path) -> str:
 def _last_line(path: Path) -> str:
     lines = [ln.strip() for ln in read_text(path).splitlines() if ln.strip()]
     return lines[-1] if lines else ""
+
+
+def _await_mount(
+    name: str,
+    child: Child,
+    mountpoint: Path,
+    log_path: Path,
+    teardown: Teardown,
+    t0: float,
+    timeout: float,
+    exited: Callable[[str], Exception],
+) -> float:
+    """Wait until *child* has mounted *mountpoint* and a stat through it answers; returns the
+    seconds since *t0*. A child that exits first raises ``exited(its last stderr line)``."""
+    while not findmnt_type(mountpoint).startswith("fuse"):
+        code = child.poll()
+        if code is not None:
+            teardown.forget(child.key)
+            raise exited(_last_line(log_path.with_suffix(".err")) or f"exit status {code}")
+        if time.monotonic() - t0 > timeout:
+            raise BenchError(f"{name} did not mount {mountpoint} in {timeout:g}s")
+        time.sleep(0.02)
+    if not answers(mountpoint, timeout=10.0):
+        fuse_abort(mountpoint)
+        raise BenchError(f"{name} mounted {mountpoint} but stat() on it hung 10s")
+    return time.monotonic() - t0
 
 
 class FuseThrottleMount:
@@ -121,19 +148,16 @@ class FuseThrottleMount:
         )
         # Registered after the child: LIFO teardown unmounts only after SIGTERM had its chance.
         self.mount_key = self.teardown.push("fusermount", str(self.mountpoint))
-        while not findmnt_type(self.mountpoint).startswith("fuse"):
-            code = self.child.poll()
-            if code is not None:
-                reason = _last_line(self.log_path.with_suffix(".err")) or f"exit status {code}"
-                self.teardown.forget(self.child.key)
-                raise ArmSkipped(f"fusethrottle refused -o {self.user_options}: {reason}")
-            if time.monotonic() - t0 > timeout:
-                raise BenchError(f"fusethrottle did not mount {self.mountpoint} in {timeout:g}s")
-            time.sleep(0.02)
-        if not answers(self.mountpoint, timeout=10.0):
-            fuse_abort(self.mountpoint)
-            raise BenchError(f"fusethrottle mounted {self.mountpoint} but stat() on it hung 10s")
-        self.mount_seconds = time.monotonic() - t0
+        self.mount_seconds = _await_mount(
+            "fusethrottle",
+            self.child,
+            self.mountpoint,
+            self.log_path,
+            self.teardown,
+            t0,
+            timeout,
+            lambda reason: ArmSkipped(f"fusethrottle refused -o {self.user_options}: {reason}"),
+        )
         log.debug("mounted %s in %.2fs (pid %d)", self.mountpoint, self.mount_seconds, self.pid)
 
     @property
@@ -343,19 +367,16 @@ class PassthroughLLMount:
         )
         # Pushed after the child, so undone before it: unmounting is what makes it exit.
         self.mount_key = self.teardown.push("fusermount", str(self.mountpoint))
-        while not findmnt_type(self.mountpoint).startswith("fuse"):
-            code = self.child.poll()
-            if code is not None:
-                self.teardown.forget(self.child.key)
-                reason = _last_line(self.log_path.with_suffix(".err")) or f"exit status {code}"
-                raise BenchError(f"passthrough_ll exited before mounting: {reason}")
-            if time.monotonic() - t0 > timeout:
-                raise BenchError(f"passthrough_ll did not mount {self.mountpoint} in {timeout:g}s")
-            time.sleep(0.02)
-        if not answers(self.mountpoint, timeout=10.0):
-            fuse_abort(self.mountpoint)
-            raise BenchError(f"passthrough_ll mounted {self.mountpoint} but stat() on it hung 10s")
-        self.mount_seconds = time.monotonic() - t0
+        self.mount_seconds = _await_mount(
+            "passthrough_ll",
+            self.child,
+            self.mountpoint,
+            self.log_path,
+            self.teardown,
+            t0,
+            timeout,
+            lambda reason: BenchError(f"passthrough_ll exited before mounting: {reason}"),
+        )
         log.debug("mounted %s in %.2fs (pid %d)", self.mountpoint, self.mount_seconds, self.pid)
 
     def _unmount(self) -> bool:

@@ -248,30 +248,23 @@ def _dd(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
     bs = DD_BLOCKS[workload.kind]
     count = max(1, workload.size // bs)
     cmd = ["dd", "if=/dev/zero", f"of={dest / 'dd.bin'}", f"bs={bs}", f"count={count}"]
-    cmd.append("status=none")
-    t0 = time.monotonic()
-    child = _run_one("dd", cmd, ctx)
-    _wait(child, ctx, "dd")
-    return WorkloadResult(
-        bytes=bs * count,
-        files=1,
-        seconds=time.monotonic() - t0,
-        cpu_s=child.cpu_seconds or 0.0,
-    )
+    return _timed_dd(cmd, bs * count, ctx, "dd")
 
 
 def _read(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
     """Sequential read of the file prepare_workload wrote, cold (the page cache was dropped)."""
     count = max(1, workload.size // MiB)
     cmd = ["dd", f"if={dest / 'read.bin'}", "of=/dev/null", "bs=1M", f"count={count}"]
+    return _timed_dd(cmd, count * MiB, ctx, "dd (reading)")
+
+
+def _timed_dd(cmd: list[str], nbytes: int, ctx: JobContext, what: str) -> WorkloadResult:
+    """Run one dd and time it until it exits; its CPU from wait4."""
     t0 = time.monotonic()
     child = _run_one("dd", [*cmd, "status=none"], ctx)
-    _wait(child, ctx, "dd (reading)")
+    _wait(child, ctx, what)
     return WorkloadResult(
-        bytes=count * MiB,
-        files=1,
-        seconds=time.monotonic() - t0,
-        cpu_s=child.cpu_seconds or 0.0,
+        bytes=nbytes, files=1, seconds=time.monotonic() - t0, cpu_s=child.cpu_seconds or 0.0
     )
 
 
