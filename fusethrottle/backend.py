@@ -302,13 +302,53 @@ def _close_all(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _fsync_path(path_fd: int, datasync: bool) -> None:
+@dataclass(frozen=True)
+class SyncPlan:
+    """How an injected sync goes easy on the target's queue and on the page cache.
+
+    ``written`` is the byte range written since the file's previous sync began. It is written
+    back ``piece`` bytes at a time, two pieces in flight, before the fdatasync that makes it
+    durable: a page waits in the target's queue behind two pieces, not behind the whole batch
+    (memory cgroup reclaim that meets a page under writeback waits for it). ``drop`` then evicts the
+    range from the page cache: the target has it, and the backup never reads it again.
+    """
+
+    written: tuple[int, int] | None = None
+    piece: int = 0
+    drop: bool = False
+
+
+def _write_back_in_pieces(fd: int, lo: int, hi: int, piece: int) -> None:
+    """Two pieces in the target's queue at a time: the next one is started before the previous
+    one is waited for, so the target never idles between pieces, and no page waits behind
+    more than two."""
+    previous: int | None = None
+    for off in range(lo, hi, piece):
+        _libc.start_writeback(fd, off, min(piece, hi - off))
+        if previous is not None:
+            _libc.write_range_and_wait(fd, previous, piece)
+        previous = off
+    if previous is not None:
+        _libc.write_range_and_wait(fd, previous, min(piece, hi - previous))
+
+
+def _fsync_path(path_fd: int, datasync: bool, plan: SyncPlan | None = None) -> None:
     try:
         fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_CLOEXEC)
     except PermissionError:  # a write-only file and an unprivileged daemon
         fd = os.open(proc_path(path_fd), os.O_WRONLY | os.O_CLOEXEC)
     try:
+        lo, hi = plan.written if plan and plan.written else (0, 0)
+        if plan and plan.piece > 0:
+            _write_back_in_pieces(fd, lo, hi, plan.piece)
+            # What was written past the range while it was written back: also in pieces, or
+            # the fdatasync would put all of it under writeback at once. (It is the next
+            # sync's to account for; that one then finds it on the target already.)
+            _write_back_in_pieces(fd, hi, os.fstat(fd).st_size, plan.piece)
         (os.fdatasync if datasync else os.fsync)(fd)
+        if plan and plan.drop:
+            # Whole file when the range is unknown (a released small file).
+            os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
 
@@ -580,19 +620,23 @@ class Backend:
         await self._run(self.sync, os.fdatasync if datasync else os.fsync, fd)
         self._seen("fsync")
 
-    async def fsync_path(self, path_fd: int, datasync: bool = False) -> None:
-        """fsync a file we no longer hold open (released before its data was synced)."""
-        await self._run(self.sync, _fsync_path, path_fd, datasync)
+    async def fsync_path(
+        self, path_fd: int, datasync: bool = False, plan: SyncPlan | None = None
+    ) -> None:
+        """fsync a file through its path descriptor (it may be released already)."""
+        await self._run(self.sync, _fsync_path, path_fd, datasync, plan)
         self._seen("fsync")
 
-    async def fsync_paths(self, path_fds: list[int], datasync: bool = False) -> list[int | None]:
+    async def fsync_paths(
+        self, path_fds: list[int], datasync: bool = False, plan: SyncPlan | None = None
+    ) -> list[int | None]:
         """fsync several files in one thread call; the errno of each (None: synced)."""
 
         def run() -> list[int | None]:
             errors: list[int | None] = []
             for path_fd in path_fds:
                 try:
-                    _fsync_path(path_fd, datasync)
+                    _fsync_path(path_fd, datasync, plan)
                     errors.append(None)
                 except OSError as err:
                     errors.append(err.errno or errno.EIO)

@@ -35,11 +35,13 @@ from .controller import make_controller
 from .flusher import Flusher
 from .inodes import InodeTable
 from .kernel_cache import KernelCache
+from .kernel_pages import KernelPages, find_fuse_device_fd
 from .ledger import Ledger
+from .memory_cgroup import OwnMemoryCgroup
 from .meter import Meter, profile_for
 from .mountinfo import find_mount
 from .ops import Operations
-from .options import Config
+from .options import Config, memory_cgroup_limit
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,10 @@ class Mount:
     kernel_cache: KernelCache
     #: The bound in force on everything un-synced (kernel cache + target), slow start included.
     window: Callable[[], int]
+    #: Drops synced ranges from the mount's page cache (attached once mounted).
+    kernel_pages: KernelPages
+    #: Where the target's page cache is charged (set by serve; None in tests that build alone).
+    memory_cgroup: OwnMemoryCgroup | None = None
 
 
 def effective_window(window: int, commit_rate: float | None) -> int:
@@ -99,6 +105,7 @@ def build(
     enforce = config.mode != "off"
     flusher_ref: list[Flusher] = []
 
+    kernel_pages = KernelPages(enabled=config.drop_synced)
     kernel_cache = KernelCache(
         enabled=config.writeback_cache and enforce,
         limit=config.kernel_cache,
@@ -138,6 +145,9 @@ def build(
         inject=enforce,
         on_fsync=events.fsync,  # type: ignore[attr-defined]
         window=window,
+        pieces=config.writeback_pieces,
+        drop_synced=config.drop_synced,
+        kernel_pages=kernel_pages,
     )
     flusher_ref.append(flusher)
     ceilings = Ceilings(
@@ -171,6 +181,7 @@ def build(
         ceilings,
         kernel_cache,
         total_window,
+        kernel_pages,
     )
 
 
@@ -226,7 +237,9 @@ class Daemon:
         try:
             info = find_mount(config.mountpoint, fstype="fuse.fusethrottle")
             self._mount_id = info.device if info else None
+            self.mount.kernel_pages.attach(find_fuse_device_fd())
             async with trio.open_nursery() as nursery:
+                await nursery.start(self.mount.kernel_pages.run)
                 await nursery.start(self.mount.flusher.run)
                 await nursery.start(self.mount.backend.run_closer)
                 nursery.start_soon(self._signals)
@@ -403,15 +416,23 @@ def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     from .metrics import attach_metrics
 
-    events, observer, extra = attach_metrics(config)
-    mount = build(config, events, observer)
-    daemon = Daemon(mount, on_ready)
-    daemon.extra_tasks = extra(mount)
+    # Before anything touches the target: its page cache is charged to whoever writes it.
+    own_cgroup = OwnMemoryCgroup(memory_cgroup_limit(config))
+    if config.memory_cgroup == "auto":
+        own_cgroup.enter()
     try:
-        return trio.run(daemon.run)
-    except OSError as err:
-        log.error("fusethrottle: %s", err)
-        return 1
+        events, observer, extra = attach_metrics(config)
+        mount = build(config, events, observer)
+        mount.memory_cgroup = own_cgroup
+        daemon = Daemon(mount, on_ready)
+        daemon.extra_tasks = extra(mount)
+        try:
+            return trio.run(daemon.run)
+        except OSError as err:
+            log.error("fusethrottle: %s", err)
+            return 1
+    finally:
+        own_cgroup.leave()
 
 
 __all__ = ["Daemon", "Mount", "build", "configure_logging", "errno", "serve"]

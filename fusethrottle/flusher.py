@@ -10,6 +10,14 @@ Small files closed with dirty data (a tar or rsync of a tree closes thousands a 
 synced in groups: one worker-thread call fsyncs every file released since the previous group
 started, because the hop into a thread and back costs more than an fsync of a few KiB.
 
+An injected sync goes easy on the target's queue and on memory (backend.SyncPlan): it writes
+the file's newly written range back in pieces of about ``PIECE_SECONDS`` of the target's
+measured commit rate, waiting for each, then fdatasyncs and drops the range from the page cache.
+A page then waits in the target's queue for one piece, not a whole batch: reclaim in a memory
+cgroup that meets a page under writeback waits for it (seconds behind a 1 MiB/s target, for
+whoever allocates). And synced data does not crowd the page cache, neither the target's nor the
+mount's own (kernel_pages.py): the backup never reads it again.
+
 Every completed fsync is timed and fed to the controller, which may move the window; the budget
 wakes the writers. A failed fsync is logged once per file (rate-limited), counted, and its bytes
 stay un-synced; the ledger keeps the errno for the application (see ledger.py).
@@ -26,9 +34,10 @@ from dataclasses import dataclass
 
 import trio
 
-from .backend import Backend
+from .backend import Backend, SyncPlan
 from .budget import WriteBudget
-from .inodes import InodeTable
+from .inodes import Inode, InodeTable
+from .kernel_pages import KernelPages
 from .ledger import SyncTicket, sync_trigger
 
 log = logging.getLogger(__name__)
@@ -41,10 +50,27 @@ GROUP_SYNC_MAX_BYTES = 1 << 20
 GROUP_SYNC_GATHER = 0.02
 #: At most this many files per group, so one group's thread call stays short.
 GROUP_SYNC_MAX_FILES = 256
+#: A writeback piece is this many seconds of the target's commit rate ...
+PIECE_SECONDS = 0.1
+#: ... but at least this (a smaller piece only adds system calls) ...
+PIECE_MIN = 128 << 10
+#: ... and until the rate is known, this.
+PIECE_UNKNOWN_RATE = 1 << 20
+
+
+def writeback_piece(commit_rate: float | None, trigger: int) -> int:
+    """Bytes written back at a time in an injected sync (whole pages; never above *trigger*,
+    the most one sync has to write)."""
+    want = PIECE_UNKNOWN_RATE if commit_rate is None else commit_rate * PIECE_SECONDS
+    piece = max(PIECE_MIN, min(int(want), trigger))
+    return max(PIECE_MIN, piece - piece % 4096)
 
 
 class Controller:  # structural type; see controller.py
     window: int
+
+    @property
+    def commit_rate(self) -> float | None: ...
 
     def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int: ...
     def on_error(self, now: float, errno: int) -> int: ...
@@ -73,6 +99,9 @@ class Flusher:
         inject: bool = True,
         on_fsync: FsyncObserver | None = None,
         window: Callable[[], int] | None = None,
+        pieces: bool = True,
+        drop_synced: bool = True,
+        kernel_pages: KernelPages | None = None,
     ) -> None:
         self.budget = budget
         self.ledger = budget.ledger
@@ -84,6 +113,9 @@ class Flusher:
         self.inject = inject
         self.on_fsync = on_fsync
         self.window = window or (lambda: self.controller.window)
+        self.pieces = pieces
+        self.drop_synced = drop_synced
+        self.kernel_pages = kernel_pages if drop_synced else None
         self._wakeup = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._syncing: set[int] = set()
@@ -150,7 +182,13 @@ class Flusher:
             return
         ticket = self.budget.begin_sync(nodeid)
         self._mark_busy(nodeid)
-        self._nursery.start_soon(self._sync, inode.path_fd, ticket, reason)
+        self._nursery.start_soon(self._sync, inode, ticket, reason, self.plan(inode))
+
+    def plan(self, inode: Inode) -> SyncPlan:
+        """How the next injected sync of *inode* writes back and what it drops (takes the
+        range written so far: later writes belong to the next sync)."""
+        piece = writeback_piece(self.controller.commit_rate, self.trigger()) if self.pieces else 0
+        return SyncPlan(inode.take_written(), piece, self.drop_synced)
 
     def holds(self, nodeid: int) -> bool:
         """Whether an fsync of the file is queued or running (its descriptor must stay open)."""
@@ -166,11 +204,11 @@ class Flusher:
         if not self._syncing:
             self._idle.set()
 
-    async def _sync(self, path_fd: int, ticket: SyncTicket, reason: str) -> None:
+    async def _sync(self, inode: Inode, ticket: SyncTicket, reason: str, plan: SyncPlan) -> None:
         start = trio.current_time()
         error: int | None = None
         try:
-            await self.backend.fsync_path(path_fd, datasync=True)
+            await self.backend.fsync_path(inode.path_fd, datasync=True, plan=plan)
         except OSError as err:
             error = err.errno or errno_mod.EIO
         except Exception:  # a bug must not end the flusher (and with it the mount)
@@ -181,6 +219,10 @@ class Flusher:
         finally:
             now = trio.current_time()
             self._done(ticket.nodeid)
+        if error is not None:
+            inode.give_back_written(plan.written)
+        elif self.kernel_pages is not None:
+            self.kernel_pages.drop_soon(ticket.nodeid, plan.written)
         self._finish([(ticket, error)], reason, now - start, now)
 
     async def _sync_groups(self) -> None:
@@ -203,9 +245,12 @@ class Flusher:
                         continue
                     tickets.append(self.budget.begin_sync(nodeid))
                     path_fds.append(inode.path_fd)
+                    inode.take_written()  # small: synced whole, dropped whole
                 start = trio.current_time()
                 try:
-                    errors = await self.backend.fsync_paths(path_fds, datasync=True)
+                    errors = await self.backend.fsync_paths(
+                        path_fds, datasync=True, plan=SyncPlan(drop=self.drop_synced)
+                    )
                 except Exception:  # a bug must not end the flusher (and with it the mount)
                     log.exception("group fsync of %d released files failed", len(path_fds))
                     errors = [errno_mod.EIO] * len(path_fds)
@@ -213,6 +258,10 @@ class Flusher:
                     now = trio.current_time()
                     for ticket in tickets:
                         self._done(ticket.nodeid)
+                if self.kernel_pages is not None:
+                    for ticket, error in zip(tickets, errors, strict=True):
+                        if error is None:
+                            self.kernel_pages.drop_soon(ticket.nodeid, None)
                 self._finish(list(zip(tickets, errors, strict=True)), "release", now - start, now)
         finally:
             self._group_running = False

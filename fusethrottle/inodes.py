@@ -46,6 +46,31 @@ class Inode:
     write_lock: trio.Lock | None = None
     # Set once its last name was unlinked through the mount: what it looked like then.
     removed: os.stat_result | None = None
+    # The byte range written since the file's last injected sync began (None: nothing), which
+    # the next one writes back in pieces and then drops from the page cache.
+    written: tuple[int, int] | None = None
+
+    def note_written(self, offset: int, length: int) -> None:
+        self.written = grow(self.written, offset, length)
+
+    def take_written(self) -> tuple[int, int] | None:
+        """The range for a sync that starts now; writes from here on start a new one."""
+        taken, self.written = self.written, None
+        return taken
+
+    def give_back_written(self, taken: tuple[int, int] | None) -> None:
+        """A failed sync: its range is still to be written back."""
+        if taken is not None:
+            self.note_written(taken[0], taken[1] - taken[0])
+
+
+def grow(span: tuple[int, int] | None, offset: int, length: int) -> tuple[int, int] | None:
+    """The smallest byte range covering *span* and [offset, offset + length)."""
+    if length <= 0:
+        return span
+    if span is None:
+        return (offset, offset + length)
+    return (min(span[0], offset), max(span[1], offset + length))
 
 
 class InodeTable:

@@ -182,6 +182,15 @@ DEFS: dict[str, MetricDef] = _defs(
               "Requests delayed by the metered_limit / ops_limit ceilings."),
     MetricDef("fusethrottle_ceiling_delay_seconds_total", "counter",
               "Seconds requests spent waiting for the ceilings."),
+    # memory (issue 15)
+    MetricDef("fusethrottle_memory_cgroup_usage_bytes", "gauge",
+              "Memory charged to the daemon's own memory cgroup (the target's page cache and the "
+              "daemon itself); 0 when it stays in the cgroup it was started in."),
+    MetricDef("fusethrottle_memory_cgroup_limit_bytes", "gauge",
+              "Limit of the daemon's own memory cgroup (memory_cgroup_limit); 0: none of its own."),
+    MetricDef("fusethrottle_page_cache_drops_total", "counter",
+              "Synced ranges the daemon asked the kernel to drop from the mount's page cache "
+              "(the target's copy is dropped in the same sync)."),
     # the daemon
     MetricDef("fusethrottle_inodes", "gauge",
               "Inodes the kernel holds references to (each keeps one descriptor open)."),
@@ -465,6 +474,11 @@ class Snapshot:
     rates: Rates
     inodes: int
     open_handles: int
+    memory_cgroup: str = ""  # the daemon's own memory cgroup, or why it stayed where it was
+    memory_cgroup_own: bool = False
+    memory_cgroup_usage_bytes: int | None = None
+    memory_cgroup_limit_bytes: int = 0
+    page_cache_drops: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the status socket's answer; docs/METRICS.md describes it)."""
@@ -609,6 +623,7 @@ class Metrics:
             rates=rates,
             inodes=len(mount.inodes),
             open_handles=ops.open_handles() if hasattr(ops, "open_handles") else 0,
+            **_memory_facts(mount),
         )
 
     # --- reading snapshots (any thread) ----------------------------------------------------
@@ -754,6 +769,9 @@ def families(snap: Snapshot, age: float) -> list[Metric]:
     value("fusethrottle_ceiling_delayed_operations_total", snap.ceiling_delayed)
     value("fusethrottle_ceiling_delay_seconds_total", snap.ceiling_delay_seconds)
 
+    value("fusethrottle_memory_cgroup_usage_bytes", snap.memory_cgroup_usage_bytes or 0)
+    value("fusethrottle_memory_cgroup_limit_bytes", snap.memory_cgroup_limit_bytes)
+    value("fusethrottle_page_cache_drops_total", snap.page_cache_drops)
     value("fusethrottle_inodes", snap.inodes)
     value("fusethrottle_open_handles", snap.open_handles)
     value("fusethrottle_snapshot_age_seconds", max(0.0, age))
@@ -1045,3 +1063,22 @@ async def _serve_status(
     from .status import serve_control
 
     await serve_control(metrics.config.mountpoint, metrics.status, task_status=task_status)
+
+
+def _memory_facts(mount: Any) -> dict[str, Any]:
+    """Where the target's page cache is charged, and how much the mount dropped."""
+    pages = getattr(mount, "kernel_pages", None)
+    out: dict[str, Any] = {"page_cache_drops": pages.dropped_ranges if pages else 0}
+    cgroup = getattr(mount, "memory_cgroup", None)
+    if cgroup is None:
+        return out
+    if cgroup.path is not None:
+        out |= {
+            "memory_cgroup": str(cgroup.path),
+            "memory_cgroup_own": True,
+            "memory_cgroup_usage_bytes": cgroup.usage(),
+            "memory_cgroup_limit_bytes": cgroup.limit,
+        }
+    else:
+        out["memory_cgroup"] = cgroup.reason or "off (memory_cgroup=off)"
+    return out

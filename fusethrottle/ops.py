@@ -574,6 +574,7 @@ class Operations(pyfuse3.Operations):
             node.write_lock = trio.Lock()
         async with node.write_lock:
             written = await self.budget.write(node.nodeid, len(buf), send)
+        node.note_written(off, written)
         if drop:
             node.capability_to_drop = False
         self.events.bytes_written(written)

@@ -51,6 +51,10 @@ MODES = ("off", "static", "adaptive")
 METER_PROFILES = ("efs", "efs-legacy", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 XATTR_MODES = ("auto", "on", "off")
+MEMORY_CGROUP_MODES = ("auto", "off")
+#: Room in the daemon's own memory cgroup beyond the largest window: the daemon itself, the
+#: target's metadata, and read cache for a restore.
+MEMORY_CGROUP_HEADROOM = 512 * MiB
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,11 @@ class Config:
     xattrs: str = "auto"
     threads: int = 32
     fsname: str = ""
+    # memory (see memory_cgroup.py and flusher.py)
+    memory_cgroup: str = "auto"
+    memory_cgroup_limit: int = 0  # 0: window_max + MEMORY_CGROUP_HEADROOM
+    writeback_pieces: bool = True
+    drop_synced: bool = True
     kernel_options: tuple[str, ...] = ()
     # admission
     mode: str = "adaptive"
@@ -172,6 +181,8 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "xattrs": _choice(XATTR_MODES),
     "threads": _positive_int,
     "fsname": str,
+    "memory_cgroup": _choice(MEMORY_CGROUP_MODES),
+    "memory_cgroup_limit": parse_size,
     "mode": _choice(MODES),
     "batch": parse_size,
     "window": parse_size,
@@ -188,7 +199,7 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "metrics": _address,
     "log_level": _choice(LOG_LEVELS),
 }
-_BOOLEAN = {"allow_other", "writeback_cache", "throttle_reads"}
+_BOOLEAN = {"allow_other", "writeback_cache", "throttle_reads", "writeback_pieces", "drop_synced"}
 
 
 # meter_<field>= options override one number of the metering profile (see meter.py).
@@ -268,8 +279,16 @@ def _bounds_follow_the_window(values: dict[str, object]) -> None:
         values["window_max"] = window
 
 
+def memory_cgroup_limit(config: Config) -> int:
+    """The limit of the daemon's own memory cgroup: as set, else the largest window plus room
+    for the daemon itself, so the window binds before the cgroup does."""
+    return config.memory_cgroup_limit or config.window_max + MEMORY_CGROUP_HEADROOM
+
+
 def validate(config: Config) -> None:
     """Cross-field rules; raises :class:`OptionError` with the first problem found."""
+    if 0 < config.memory_cgroup_limit < 64 * MiB:
+        raise OptionError("memory_cgroup_limit must be at least 64M (the daemon lives there)")
     if config.batch <= 0:
         raise OptionError("batch must be positive")
     if config.window < config.batch:

@@ -523,11 +523,29 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"  errors       {shown}{more}")
     else:
         lines.append("  errors       none from the target")
+    lines += _memory_lines(s)
     lines.append(
         f"  daemon       {s['inodes']} inodes held, {s['open_handles']} open handles; "
         f"metrics {'http://' + m['metrics'] + '/metrics' if m['metrics'] else 'off'}"
     )
     return "\n".join(lines)
+
+
+def _memory_lines(s: dict[str, Any]) -> list[str]:
+    """Where the target's page cache is charged, and what the mount dropped once synced."""
+    if s.get("memory_cgroup_own"):
+        usage = s.get("memory_cgroup_usage_bytes")
+        used = fmt_bytes(usage) if usage is not None else "?"
+        first = (
+            f"  memory       target's cache charged to {s['memory_cgroup']} ({used} of "
+            f"{fmt_bytes(s['memory_cgroup_limit_bytes'])})"
+        )
+    else:
+        why = s.get("memory_cgroup") or "started there"
+        first = f"  memory       in the cgroup it started in: {why}"
+    first = first if len(first) <= 110 else first[:107] + "..."
+    drops = s.get("page_cache_drops", 0)
+    return [first, f"               {drops} synced range(s) dropped from the page cache"]
 
 
 def _ceilings(m: dict[str, Any], r: dict[str, Any]) -> str:

@@ -199,8 +199,15 @@ class Daemon:
 
 
 def _start(
-    argv: Sequence[str], mountpoint: Path, log_path: Path, fstype: str, timeout: float
+    argv: Sequence[str],
+    mountpoint: Path,
+    log_path: Path,
+    fstype: str,
+    timeout: float,
+    cgroup: Path | None = None,
 ) -> Daemon:
+    if cgroup is not None:  # start inside a (memory) cgroup, as a container would
+        argv = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh", *argv]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             list(argv),
@@ -230,12 +237,13 @@ def start_fusethrottle(
     *,
     log_path: Path | None = None,
     timeout: float = START_TIMEOUT,
+    cgroup: Path | None = None,
 ) -> Daemon:
     argv = [FUSETHROTTLE, str(source), str(mountpoint), "-f"]
     if options:
         argv += ["-o", ",".join(options)]
     log_path = log_path or mountpoint.with_name(mountpoint.name + ".log")
-    daemon = _start(argv, mountpoint, log_path, FSTYPE, timeout)
+    daemon = _start(argv, mountpoint, log_path, FSTYPE, timeout, cgroup)
     daemon.source = source
     daemon.arm_watchdog()
     return daemon

@@ -25,6 +25,8 @@ MiB = 1 << 20
 
 
 class FixedWindow:
+    commit_rate: float | None = None  # never measured: syncs write back in default pieces
+
     def __init__(self, window: int) -> None:
         self.window = window
         self.samples: list[tuple[int, float]] = []
@@ -48,15 +50,19 @@ class SlowTarget:
         self.latency = latency
         self.fail_with: int | None = None
         self.fsyncs: list[int] = []
+        self.plans: list[object] = []  # the SyncPlan of every injected sync
 
-    async def fsync_path(self, path_fd: int, datasync: bool = False) -> None:
+    async def fsync_path(self, path_fd: int, datasync: bool = False, plan: object = None) -> None:
         self.fsyncs.append(path_fd)
+        self.plans.append(plan)
         syncing = sum(s.syncing for s in self.ledger.files.values())
         await trio.sleep(self.latency + syncing / self.rate)
         if self.fail_with is not None:
             raise OSError(self.fail_with, os.strerror(self.fail_with))
 
-    async def fsync_paths(self, path_fds: list[int], datasync: bool = False) -> list[int | None]:
+    async def fsync_paths(
+        self, path_fds: list[int], datasync: bool = False, plan: object = None
+    ) -> list[int | None]:
         """A group of released files: one call, one commit of everything being synced."""
         self.fsyncs.extend(path_fds)
         syncing = sum(s.syncing for s in self.ledger.files.values())
@@ -396,5 +402,37 @@ def test_a_write_that_fails_gives_its_admission_back_and_wakes_the_next() -> Non
         with pytest.raises(OSError):
             await budget.write(1, MiB, failing)
         assert ledger.unsynced == 0 and ledger.reserved == 0
+
+    run_mock(main)
+
+
+def test_each_injected_sync_writes_back_and_drops_what_was_written_since_the_last(table) -> None:
+    """The sync plan carries the byte range written since the previous sync began; a range
+    whose sync failed is carried into the next one, so no written page is left out."""
+    inodes, nodes = table
+    node = inodes[nodes[0]]
+
+    async def main() -> None:
+        ledger, gate, flusher, target, _ = make(inodes, 8 * MiB, 2 * MiB)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(flusher.run)
+            for k in range(2):
+                node.note_written(k * MiB, MiB)
+                await write(ledger, gate, flusher, nodes[0], MiB)
+            await trio.sleep(0.5)
+            assert [(p.written, p.drop) for p in target.plans] == [((0, 2 * MiB), True)]
+            assert target.plans[0].piece >= 128 << 10
+            target.fail_with = errno.EIO
+            for k in range(2, 4):
+                node.note_written(k * MiB, MiB)
+                await write(ledger, gate, flusher, nodes[0], MiB)
+            await trio.sleep(0.5)
+            assert target.plans[1].written == (2 * MiB, 4 * MiB)
+            target.fail_with = None
+            node.note_written(4 * MiB, MiB)
+            await write(ledger, gate, flusher, nodes[0], MiB)
+            assert await flusher.flush_all() == []
+            nursery.cancel_scope.cancel()
+        assert target.plans[-1].written == (2 * MiB, 5 * MiB)
 
     run_mock(main)

@@ -10,6 +10,7 @@ from fusethrottle.options import (
     GiB,
     MiB,
     OptionError,
+    memory_cgroup_limit,
     parse_duration,
     parse_options,
     parse_size,
@@ -65,6 +66,22 @@ def test_defaults_match_the_design() -> None:
     # Small writes reach the daemon coalesced; the kernel's share of the window is bounded.
     assert (config.writeback_cache, config.kernel_cache, config.xattrs) == (True, 32 * MiB, "auto")
     assert parse_options(["writeback_cache=no"]).writeback_cache is False
+
+
+def test_memory_options_and_the_own_cgroups_limit() -> None:
+    """By default the target's cache goes to a cgroup of the daemon's own, limited to the
+    largest window plus room for the daemon; syncs go in pieces and drop what they synced."""
+    config = parse_options([])
+    assert (config.memory_cgroup, config.writeback_pieces, config.drop_synced) == (
+        "auto",
+        True,
+        True,
+    )
+    assert memory_cgroup_limit(config) == 2 * GiB + 512 * MiB
+    assert memory_cgroup_limit(parse_options(["window_max=4G"])) == 4 * GiB + 512 * MiB
+    assert memory_cgroup_limit(parse_options(["memory_cgroup_limit=1G"])) == GiB
+    off = parse_options(["memory_cgroup=off", "writeback_pieces=no", "drop_synced=no"])
+    assert (off.memory_cgroup, off.writeback_pieces, off.drop_synced) == ("off", False, False)
 
 
 def test_xattrs_and_kernel_cache_options() -> None:
@@ -125,6 +142,9 @@ def test_fstab_and_systemd_options_are_ignored() -> None:
         (["tolerance=0.5"], "tolerance must be at least 1.0"),
         (["allow_other=maybe"], "expected no value"),
         (["window_min=1G", "window_max=512M"], "window_min"),
+        (["memory_cgroup=on"], "option memory_cgroup: 'on' is not one of auto, off"),
+        (["memory_cgroup_limit=16M"], "memory_cgroup_limit must be at least 64M"),
+        (["drop_synced=perhaps"], "expected no value"),
     ],
 )
 def test_mistakes_get_one_clear_line(items: list[str], message: str) -> None:

@@ -1,0 +1,209 @@
+"""A memory cgroup of the daemon's own, so the target's page cache is not the application's.
+
+Every page the daemon writes to the target is charged to the memory cgroup of the daemon. When
+that cgroup is also the application's (a container, or a daemon started from the database's own
+shell), the application's allocations reclaim the backup's pages, and in a cgroup-v1 memory
+cgroup reclaim that meets a page under writeback a second time waits for that write: behind a
+slow target, seconds. In a cgroup of its own the backup's pages are reclaimed by the backup's
+own allocations, against its own limit, and the application never waits for them.
+
+``memory_cgroup=auto`` (the default) does this where the host allows it: root, a writable
+memory hierarchy (cgroup v1 ``memory`` or v2 with the memory controller). It creates
+``<hierarchy root>/fusethrottle/<pid>`` with the limit ``memory_cgroup_limit``, moves the whole
+daemon (every thread) there before it touches the target, and on exit moves back and removes it;
+cgroups left by a killed daemon are removed at the next start (a cgroup with tasks cannot be
+removed, so only empty ones go; the ``fusethrottle`` directory itself stays). A daemon run by
+systemd as a service or mount unit stays in the unit's cgroup, which is its own already. Where
+none of this is possible (a daemon confined in a container) it stays and says so once; the
+flusher's short syncs and page dropping still apply.
+
+Pure decisions (which hierarchy, whether to move) are separate from the file-system edits so
+they can be tested without root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .mountinfo import MountInfo
+
+log = logging.getLogger(__name__)
+
+#: The directory below the hierarchy's root that holds one cgroup per daemon.
+PARENT_NAME = "fusethrottle"
+#: Cgroups systemd makes for one unit, which the daemon leaves alone.
+SYSTEMD_UNITS = (".service", ".mount")
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where the memory controller is mounted and where this process sits in it."""
+
+    version: int  # 1 or 2
+    root: Path  # the mount point of the hierarchy
+    current: Path  # this process's cgroup directory inside it
+
+    def limit_file(self) -> str:
+        return "memory.limit_in_bytes" if self.version == 1 else "memory.max"
+
+
+def find_hierarchy(
+    proc_cgroup: str, mounts: list[MountInfo], super_options: dict[str, str]
+) -> Hierarchy | None:
+    """The memory hierarchy this process is in, from /proc/self/cgroup and the mount table.
+
+    *super_options* maps a cgroup mount point to its super options (``rw,memory``): cgroup v1
+    names its controllers there. v1's ``memory`` wins over v2 on a hybrid host, where the
+    unified hierarchy has no memory controller."""
+    v1_path = v2_path = None
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if "memory" in controllers.split(","):
+            v1_path = path
+        elif controllers == "" and parts[0] == "0":
+            v2_path = path
+    if v1_path is not None:
+        for m in mounts:
+            if m.fstype == "cgroup" and "memory" in super_options.get(m.mountpoint, "").split(","):
+                return Hierarchy(1, Path(m.mountpoint), Path(m.mountpoint) / v1_path.lstrip("/"))
+        return None
+    if v2_path is not None:
+        for m in mounts:
+            if m.fstype == "cgroup2":
+                return Hierarchy(2, Path(m.mountpoint), Path(m.mountpoint) / v2_path.lstrip("/"))
+    return None
+
+
+def should_move(hierarchy: Hierarchy, pid: int) -> str | None:
+    """Why the daemon must not move (None: move). A systemd service or mount unit (fstab's
+    ``fuse.fusethrottle`` lines run the daemon in the .mount unit) already has a cgroup of its
+    own, and systemd must keep finding its process there. Being alone in a cgroup now says
+    nothing: a container starts its backup sidecar first and its database next."""
+    name = hierarchy.current.name
+    if hierarchy.current != hierarchy.root and name.endswith(SYSTEMD_UNITS):
+        return f"a systemd unit has a memory cgroup of its own ({hierarchy.current})"
+    if hierarchy.current.parent.name == PARENT_NAME and name == str(pid):
+        return f"already in {hierarchy.current}"
+    return None
+
+
+class OwnMemoryCgroup:
+    """The daemon's own memory cgroup: :meth:`enter` before the target is touched, :meth:`leave`
+    at exit. Both are best effort: a host that refuses is logged once, never fatal."""
+
+    def __init__(self, limit: int, pid: int | None = None) -> None:
+        self.limit = limit
+        self.pid = pid or os.getpid()
+        self.hierarchy: Hierarchy | None = None
+        self.path: Path | None = None  # set while the daemon is inside
+        self.reason = ""  # why not, when it stayed
+
+    def enter(self) -> bool:
+        """Create the cgroup and move the whole process into it; False (with :attr:`reason`)
+        when the host does not allow it."""
+        try:
+            hierarchy = find_hierarchy(Path("/proc/self/cgroup").read_text(), *_cgroup_mounts())
+        except OSError as err:
+            return self._stay(f"cannot read the cgroup layout: {err.strerror}")
+        if hierarchy is None:
+            return self._stay("no memory cgroup hierarchy is mounted")
+        self.hierarchy = hierarchy
+        why = should_move(hierarchy, self.pid)
+        if why:
+            return self._stay(why)
+        parent = hierarchy.root / PARENT_NAME
+        path = parent / str(self.pid)
+        try:
+            parent.mkdir(exist_ok=True)
+            if hierarchy.version == 2:
+                _enable_memory(hierarchy.root)
+                _enable_memory(parent)
+            _remove_stale(parent)
+            path.mkdir(exist_ok=True)
+            (path / hierarchy.limit_file()).write_text(str(self.limit))
+            (path / "cgroup.procs").write_text(str(self.pid))
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            return self._stay(f"cannot use {path}: {err.strerror or err}")
+        self.path = path
+        log.info(
+            "page cache of the target is charged to the memory cgroup %s (limit %d MiB), not to %s",
+            path,
+            self.limit >> 20,
+            hierarchy.current,
+        )
+        return True
+
+    def usage(self) -> int | None:
+        """Bytes charged to the cgroup now (None when not inside one, or unreadable)."""
+        if self.path is None or self.hierarchy is None:
+            return None
+        name = "memory.usage_in_bytes" if self.hierarchy.version == 1 else "memory.current"
+        try:
+            return int((self.path / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def leave(self) -> None:
+        """Move back (to where the daemon came from, else to the root) and remove the cgroup."""
+        if self.path is None or self.hierarchy is None:
+            return
+        for home in (self.hierarchy.current, self.hierarchy.root):
+            try:
+                (home / "cgroup.procs").write_text(str(self.pid))
+                break
+            except OSError:
+                continue
+        try:
+            self.path.rmdir()
+        except OSError as err:
+            log.warning("could not remove the memory cgroup %s: %s", self.path, err.strerror)
+        self.path = None
+
+    def _stay(self, reason: str) -> bool:
+        self.reason = reason
+        log.info("memory_cgroup=auto: the daemon stays in its memory cgroup (%s)", reason)
+        return False
+
+
+def _cgroup_mounts() -> tuple[list[MountInfo], dict[str, str]]:
+    """cgroup and cgroup2 mounts, with each one's super options (v1 lists controllers there)."""
+    found: list[MountInfo] = []
+    options: dict[str, str] = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rest = left.split(), right.split()
+            if len(fields) < 5 or len(rest) < 3 or rest[0] not in ("cgroup", "cgroup2"):
+                continue
+            found.append(MountInfo(fields[4], fields[2], rest[0], rest[1]))
+            options[fields[4]] = rest[2]
+    return found, options
+
+
+def _enable_memory(cgroup: Path) -> None:
+    """cgroup v2: let the children of *cgroup* have memory limits."""
+    control = cgroup / "cgroup.subtree_control"
+    if "memory" not in control.read_text().split():
+        control.write_text("+memory")
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove cgroups of daemons that died without cleaning up (only empty ones can go; one
+    whose daemon lives may be empty for a moment while it starts, and stays)."""
+    for child in parent.iterdir():
+        if child.is_dir() and child.name.isdigit() and not Path(f"/proc/{child.name}").exists():
+            try:
+                child.rmdir()
+            except OSError as err:
+                if err.errno not in (errno.EBUSY, errno.ENOENT):
+                    log.debug("stale memory cgroup %s: %s", child, err.strerror)

@@ -1,0 +1,219 @@
+"""Memory a backup leaves to its neighbours (issue 15), on a real ext4 loop target.
+
+What a user cares about, in the container case (the database, the backup and the daemon in
+one memory cgroup): the daemon takes the target's page cache into a memory cgroup of its own;
+once the target has the data, neither the mount's nor the target's copy stays in the
+application's cgroup; and an injected sync never puts a whole batch under writeback at once
+(reclaim in the cgroup waits for pages under writeback). Each is checked against the option
+that turns it off, in the same test, so every assertion can fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mount_util import start_fusethrottle
+from slow_target import SlowTarget, skip_reason, slow_target
+
+MiB = 1 << 20
+MEMORY = Path("/sys/fs/cgroup/memory")
+
+
+def _skip() -> str | None:
+    return skip_reason() or (None if MEMORY.is_dir() else "no cgroup-v1 memory controller")
+
+
+pytestmark = [
+    pytest.mark.mount,
+    pytest.mark.slow_target,
+    pytest.mark.skipif(_skip() is not None, reason=_skip() or ""),
+]
+
+
+@pytest.fixture
+def target() -> Iterator[SlowTarget]:
+    with slow_target(size="2G", rate=0) as t:
+        yield t
+
+
+def _own_memory_cgroup() -> Path:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return MEMORY / path.lstrip("/")
+    raise AssertionError("no memory cgroup")
+
+
+@contextlib.contextmanager
+def memory_cgroup(name: str, limit: int = 1 << 30) -> Iterator[Path]:
+    """A memory cgroup below ours (the 'container'); emptied and removed afterwards."""
+    parent = _own_memory_cgroup()
+    path = parent / f"{name}-{os.getpid()}"
+    path.mkdir()
+    try:
+        (path / "memory.limit_in_bytes").write_text(str(limit))
+        yield path
+    finally:
+        for pid in (path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (parent / "cgroup.procs").write_text(pid)
+        with contextlib.suppress(OSError):
+            (path / "memory.force_empty").write_text("0")
+        path.rmdir()
+
+
+def stat_of(cgroup: Path) -> dict[str, int]:
+    out = {}
+    for line in (cgroup / "memory.stat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        out[key] = int(value)
+    return out
+
+
+def write_inside(cgroup: Path, source: Path, dest: Path, mib: int = 192) -> None:
+    """Copy the first *mib* MiB of *source* to *dest* with dd from a process in *cgroup* (its
+    pages are charged there), 1 MiB writes, buffered, as a backup tool writes."""
+    script = (
+        f"echo $$ > {cgroup}/cgroup.procs && "
+        f"exec dd if={source} of={dest} bs=1M count={mib} status=none"
+    )
+    subprocess.run(["sh", "-c", script], check=True, timeout=300)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 * MiB):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@pytest.fixture
+def payload(workdir: Path) -> Path:
+    path = workdir / "payload"
+    with open(path, "wb") as f:
+        for _ in range(192):
+            f.write(os.urandom(MiB))
+    return path
+
+
+def daemon_memory_cgroup(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return path
+    return ""
+
+
+def test_by_default_the_backup_leaves_no_cache_in_the_applications_cgroup(
+    target: SlowTarget, workdir: Path, payload: Path
+) -> None:
+    """Daemon and writer start in one memory cgroup. The daemon moves to a cgroup of its own
+    (with a limit), the synced data leaves both page caches, and the cgroup is gone at exit."""
+    source = target.mountpoint / "backups"
+    source.mkdir()
+    mnt = workdir / "mnt"
+    mnt.mkdir()
+    with memory_cgroup("ft-container") as container:
+        daemon = start_fusethrottle(source, mnt, [], cgroup=container)
+        try:
+            own = daemon_memory_cgroup(daemon.pid)
+            assert own == f"/fusethrottle/{daemon.pid}", own
+            limit = int((MEMORY / own.lstrip("/") / "memory.limit_in_bytes").read_text())
+            assert limit == (2048 + 512) * MiB  # window_max + 512M, the documented default
+            write_inside(container, payload, mnt / "backup.bin")
+            assert daemon.stop() == 0
+        finally:
+            daemon.stop()
+        cached = stat_of(container)["cache"]
+    assert not (MEMORY / own.lstrip("/")).exists(), "the daemon's cgroup outlived it"
+    assert cached < 48 * MiB, f"{cached / MiB:.0f} MiB of a 192 MiB backup stayed cached"
+    assert sha256_of(source / "backup.bin") == sha256_of(payload)
+
+
+def test_in_a_shared_cgroup_synced_data_is_dropped_unless_told_to_keep_it(
+    target: SlowTarget, workdir: Path, payload: Path
+) -> None:
+    """memory_cgroup=off (a daemon confined to the container): the mount's and the target's
+    copies of the backup are both charged to the container. By default they are dropped as
+    the target commits them; with drop_synced=no they stay."""
+    cached: dict[str, int] = {}
+    variants = {"drop": ["memory_cgroup=off"], "keep": ["memory_cgroup=off", "drop_synced=no"]}
+    for label, options in variants.items():
+        source = target.mountpoint / f"backups-{label}"
+        source.mkdir()
+        mnt = workdir / f"mnt-{label}"
+        mnt.mkdir()
+        with memory_cgroup(f"ft-{label}") as container:
+            daemon = start_fusethrottle(source, mnt, options, cgroup=container)
+            try:
+                assert daemon_memory_cgroup(daemon.pid).endswith(container.name)
+                write_inside(container, payload, mnt / "backup.bin")
+                assert daemon.stop() == 0
+            finally:
+                daemon.stop()
+            cached[label] = stat_of(container)["cache"]
+        assert sha256_of(source / "backup.bin") == sha256_of(payload)
+    assert cached["drop"] < 48 * MiB, cached
+    assert cached["keep"] > 192 * MiB, cached  # both copies, nearly whole
+
+
+class WritebackPeak:
+    """Largest 'writeback' of a memory cgroup, sampled every 10 ms."""
+
+    def __init__(self, cgroup: Path) -> None:
+        self.cgroup = cgroup
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            with contextlib.suppress(OSError, KeyError):
+                self.peak = max(self.peak, stat_of(self.cgroup)["writeback"])
+
+    def __enter__(self) -> WritebackPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_an_injected_sync_puts_pieces_under_writeback_not_the_batch(
+    target: SlowTarget, workdir: Path, payload: Path
+) -> None:
+    """On an 8 MiB/s target with 32 MiB batches, one fsync would put 32 MiB under writeback,
+    4 s of waiting for any reclaim that meets it; in pieces of a tenth of a second of the
+    target's rate, a few MiB. Writeback cache off, so the cgroup's writeback pages are the
+    target's alone."""
+    target.throttle(8 * MiB)
+    peaks: dict[str, int] = {}
+    base = ["memory_cgroup=off", "writeback_cache=no", "mode=static", "window=64M", "batch=32M"]
+    for label, extra in (("pieces", []), ("whole", ["writeback_pieces=no"])):
+        source = target.mountpoint / f"backups-{label}"
+        source.mkdir()
+        mnt = workdir / f"mnt-{label}"
+        mnt.mkdir()
+        with memory_cgroup(f"ft-{label}") as container:
+            daemon = start_fusethrottle(source, mnt, base + extra, cgroup=container)
+            try:
+                with WritebackPeak(container) as sampler:
+                    write_inside(container, payload, mnt / "backup.bin", 96)
+                    assert daemon.stop() == 0
+            finally:
+                daemon.stop()
+            peaks[label] = sampler.peak
+        with open(payload, "rb") as f:
+            first = hashlib.sha256(f.read(96 * MiB)).hexdigest()
+        assert sha256_of(source / "backup.bin") == first
+    assert peaks["pieces"] <= 8 * MiB, peaks
+    assert peaks["whole"] >= 16 * MiB, peaks

@@ -1,0 +1,62 @@
+"""Where the daemon's own memory cgroup goes (pure decisions; the real move is in test_memory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fusethrottle.memory_cgroup import Hierarchy, find_hierarchy, should_move
+from fusethrottle.mountinfo import MountInfo
+
+HYBRID_CGROUP = """12:memory:/process_api/7a7f
+11:blkio:/
+1:name=systemd:/user.slice
+0::/user.slice/session-3.scope
+"""
+HYBRID_MOUNTS = [
+    MountInfo("/sys/fs/cgroup/memory", "0:30", "cgroup", "cgroup"),
+    MountInfo("/sys/fs/cgroup/blkio", "0:31", "cgroup", "cgroup"),
+    MountInfo("/sys/fs/cgroup/unified", "0:27", "cgroup2", "cgroup2"),
+]
+HYBRID_OPTIONS = {
+    "/sys/fs/cgroup/memory": "rw,memory",
+    "/sys/fs/cgroup/blkio": "rw,blkio",
+    "/sys/fs/cgroup/unified": "rw,nsdelegate",
+}
+
+
+def test_on_a_hybrid_host_the_v1_memory_hierarchy_is_the_one() -> None:
+    h = find_hierarchy(HYBRID_CGROUP, HYBRID_MOUNTS, HYBRID_OPTIONS)
+    assert h == Hierarchy(
+        1, Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/memory/process_api/7a7f")
+    )
+    assert h.limit_file() == "memory.limit_in_bytes"
+
+
+def test_on_a_unified_host_the_v2_hierarchy_is_the_one() -> None:
+    mounts = [MountInfo("/sys/fs/cgroup", "0:27", "cgroup2", "cgroup2")]
+    h = find_hierarchy("0::/system.slice/backup.scope\n", mounts, {"/sys/fs/cgroup": "rw"})
+    assert h == Hierarchy(
+        2, Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/system.slice/backup.scope")
+    )
+    assert h.limit_file() == "memory.max"
+
+
+def test_no_memory_hierarchy_mounted_means_none() -> None:
+    assert find_hierarchy(HYBRID_CGROUP, HYBRID_MOUNTS[1:], HYBRID_OPTIONS) is None
+    assert find_hierarchy("", [], {}) is None
+
+
+def test_a_shared_cgroup_or_the_root_is_left_for_one_of_its_own() -> None:
+    root = Path("/sys/fs/cgroup/memory")
+    assert should_move(Hierarchy(1, root, root / "docker" / "abc"), 42) is None
+    assert should_move(Hierarchy(1, root, root), 42) is None
+
+
+def test_a_systemd_unit_or_a_daemon_already_moved_stays() -> None:
+    root = Path("/sys/fs/cgroup")
+    service = Hierarchy(2, root, root / "system.slice" / "fusethrottle@backups.service")
+    assert "systemd unit" in (should_move(service, 42) or "")
+    mount_unit = Hierarchy(1, root, root / "system.slice" / "srv-backups.mount")
+    assert should_move(mount_unit, 42) is not None
+    moved = Hierarchy(1, root, root / "fusethrottle" / "42")
+    assert should_move(moved, 42) is not None
