@@ -39,16 +39,27 @@ def mib(value: float | None) -> float | None:
 
 
 def victim_stats(ops: Sequence[tuple[float, float]], t_from: float, t_to: float) -> dict:
-    """p50/p99/max of the neighbour's latencies for operations started in [t_from, t_to]."""
+    """The neighbour over [t_from, t_to]: p50/p99/max latency of the operations that started
+    in it, its throughput, and how long it went without finishing anything (a database that
+    commits nothing for a second is down for that second, whatever its percentiles say)."""
     lat = sorted(latency for t, latency in ops if t_from <= t <= t_to)
     if not lat:
         return {"victim_ops": 0}
+    done = sorted(t + latency for t, latency in ops if t_from <= t + latency <= t_to)
+    seconds = max(1, int(t_to - t_from))
+    busy = {int(t - t_from) for t in done}
+    gaps = [b - a for a, b in zip([t_from, *done], [*done, t_to], strict=True)]
     return {
         "victim_ops": len(lat),
+        "victim_ops_per_s": len(done) / (t_to - t_from) if t_to > t_from else None,
         "victim_p50_ms": percentile(lat, 50) * 1e3,
         "victim_p99_ms": percentile(lat, 99) * 1e3,
         "victim_max_ms": lat[-1] * 1e3,
         "victim_over_100ms": sum(1 for v in lat if v > 0.1),
+        "victim_over_500ms": sum(1 for v in lat if v > 0.5),
+        # whole seconds of the arm in which no operation completed
+        "victim_dead_seconds": sum(1 for k in range(seconds) if k not in busy),
+        "victim_longest_gap_ms": max(gaps) * 1e3,
     }
 
 
@@ -137,6 +148,29 @@ def sample_stats(rows: Sequence[dict], t_from: float, t_to: float) -> dict:
     if cg is not None:
         out["cg_dirty_wb_peak_mib"] = mib(cg)
         out["cg_usage_peak_mib"] = mib(_peak(inside, "cg_usage"))
+        out["cg_writeback_peak_mib"] = mib(_peak(inside, "cg_writeback"))
+    out |= cache_split(inside)
+    return out
+
+
+def cache_split(inside: Sequence[dict]) -> dict:
+    """The shared cgroup's page cache split into the victim's (its files, by mincore) and the
+    rest, which is the backup's (FUSE and target pages charged to the cgroup); at its peak and
+    in the last sample (after the data is durable: what the backup leaves behind)."""
+    rows = [
+        r for r in inside if r.get("cg_cache") is not None and r.get("victim_cached") is not None
+    ]
+    if not rows:
+        return {}
+    backup = [max(0, r["cg_cache"] - r["victim_cached"]) for r in rows]
+    out = {
+        "cg_backup_cached_peak_mib": mib(max(backup)),
+        "cg_backup_cached_end_mib": mib(backup[-1]),
+        "victim_cached_min_mib": mib(min(r["victim_cached"] for r in rows)),
+        "victim_cached_end_mib": mib(rows[-1]["victim_cached"]),
+    }
+    if rows[-1].get("target_cached") is not None:
+        out["target_cached_end_mib"] = mib(rows[-1]["target_cached"])
     return out
 
 

@@ -60,7 +60,8 @@ class MemoryCgroup:
         return self
 
     def stat(self) -> dict[str, int]:
-        """dirty, writeback and usage of the cgroup, in bytes (empty once removed)."""
+        """dirty, writeback, page cache, anonymous memory and usage of the cgroup, in bytes
+        (empty once removed)."""
         out: dict[str, int] = {}
         for line in read_text(self.path / "memory.stat").splitlines():
             key, _, value = line.partition(" ")

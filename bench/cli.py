@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.plan import Plan, PlanError, format_schedule, parse_duration, parse_size
+from bench.plan import VICTIMS, Plan, PlanError, format_schedule, parse_duration, parse_size
 from bench.presets import PRESETS, build_plan, describe
 
 log = logging.getLogger("bench")
@@ -56,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--size", type=parse_size, help="size of every workload without its own")
     r.add_argument("--repeats", type=int)
-    r.add_argument("--victim", choices=("fdatasync", "buffered", "none"))
+    r.add_argument("--victim", choices=VICTIMS)
     r.add_argument("--victim-interval", type=parse_duration)
     r.add_argument("--cgroup-mem", type=_size_or_none, help="shared memory cgroup limit or none")
     r.add_argument(

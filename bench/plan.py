@@ -294,7 +294,7 @@ def parse_target(text: str) -> TargetSpec:
 
 # --- the whole invocation -----------------------------------------------------------------------
 
-VICTIMS = ("fdatasync", "buffered", "none")
+VICTIMS = ("fdatasync", "buffered", "db", "none")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,9 @@ ALL_ARMS = "idle,direct,direct-fsync,direct-bdi,ft-off,ft-static,ft-adaptive"
 # passthrough_ll does with -o xattr; with xattrs=off (what the default does on NFS/EFS, which
 # have none) it compares with passthrough_ll's upstream default, which serves none.
 PASSTHROUGH_ARMS = "direct,ft-adaptive,ft-adaptive:xattrs=off,c-ll,c-ll-wb,c-ll-wb:xattr"
+# Issue 15: the kernel's per-device limit, fusethrottle's default (its target I/O in a memory
+# cgroup of its own) and the container case (daemon and database in one cgroup, no own cgroup).
+DB_ARMS = "idle,direct-bdi,ft-adaptive,ft-adaptive:memory_cgroup=off"
 SCALES = ("full", "quick", "smoke")
 
 
@@ -85,6 +88,43 @@ PRESETS: dict[str, Preset] = {
         cgroup_mem={"full": 1 * GiB, "quick": 512 * MiB, "smoke": 256 * MiB},
         idle={"full": 150.0, "quick": 35.0, "smoke": 1.0},
         duration_from_schedule=True,
+    ),
+    "db": Preset(
+        about=(
+            "issue 15's database neighbour: a victim that fills its memory cgroup with cache, "
+            "allocates, reads a working set of half the cgroup, writes and fdatasyncs, back to "
+            "back, while a buffered 1 MiB backup writes onto the 20 MiB/s target from the same "
+            "cgroup; the daemon runs with its defaults"
+        ),
+        targets=("loop",),
+        schedule={"full": "20M", "quick": "20M", "smoke": "64M"},
+        workloads={"full": "seq:1200M", "quick": "seq:480M", "smoke": "seq:24M"},
+        arms={"full": DB_ARMS, "quick": DB_ARMS, "smoke": "idle,ft-adaptive"},
+        repeats={"full": 10, "quick": 2, "smoke": 1},
+        victim="db",
+        cgroup_mem={"full": 1 * GiB, "quick": 512 * MiB, "smoke": 128 * MiB},
+        idle={"full": 60.0, "quick": 25.0, "smoke": 1.0},
+        ft_options="",
+    ),
+    "db-degrade": Preset(
+        about=(
+            "issue 15's scenario: the database neighbour while the target drops from 20 MiB/s "
+            "to 1 MiB/s and comes back; the backup writes for the length of the schedule"
+        ),
+        targets=("loop",),
+        schedule={
+            "full": "20M:20s,1M:40s,20M:20s",
+            "quick": "20M:10s,1M:20s,20M:10s",
+            "smoke": "64M:1s,8M:1s,64M:1s",
+        },
+        workloads={"full": "seq:64G", "quick": "seq:64G", "smoke": "seq:64G"},
+        arms={"full": DB_ARMS, "quick": DB_ARMS, "smoke": "idle,ft-adaptive"},
+        repeats={"full": 10, "quick": 2, "smoke": 1},
+        victim="db",
+        cgroup_mem={"full": 1 * GiB, "quick": 512 * MiB, "smoke": 128 * MiB},
+        idle={"full": 80.0, "quick": 40.0, "smoke": 1.0},
+        duration_from_schedule=True,
+        ft_options="",
     ),
     "fast": Preset(
         about=(

@@ -43,6 +43,17 @@ METRICS = (
     Metric("victim_p50_ms", "victim p50 ms", ".1f", "low"),
     Metric("victim_p99_ms", "victim p99 ms", ".1f", "low"),
     Metric("victim_max_ms", "victim max ms", ".0f", "low"),
+    Metric("victim_ops_per_s", "victim ops/s", ".0f", "high"),
+    Metric("victim_over_500ms", "victim ops > 0.5 s", ".0f", "low"),
+    Metric("victim_dead_seconds", "victim seconds without an op", ".0f", "low"),
+    Metric("victim_longest_gap_ms", "victim longest gap ms", ".0f", "low"),
+    Metric("cg_writeback_peak_mib", "cgroup Writeback peak MiB", ".0f", "low"),
+    Metric("cg_backup_cached_peak_mib", "cgroup cache not the victim's, peak MiB", ".0f", "low"),
+    Metric(
+        "cg_backup_cached_end_mib", "cgroup cache not the victim's, at the end MiB", ".0f", "low"
+    ),
+    Metric("victim_cached_min_mib", "victim's files cached, min MiB", ".0f", "high"),
+    Metric("target_cached_end_mib", "backup's files cached on the target, end MiB", ".0f", "low"),
     Metric("ft_unsynced_peak_mib", "ft unsynced peak MiB", ".0f", "low"),
     Metric("ft_window_mean_mib", "ft window mean MiB", ".0f", ""),
     Metric("ft_fsync_mean_ms", "ft fsync mean ms", ".0f", "low"),
@@ -362,10 +373,23 @@ def _fsync_means(rows: list[dict[str, str]]) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
+def _completions_per_second(ops: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """Operations (t, latency ms) completed in each whole second; zero where none did."""
+    done = [t + lat / 1e3 for t, lat in ops]
+    if not done:
+        return [], []
+    first, last = math.floor(min(done)), math.floor(max(done))
+    counts = [0] * (last - first + 1)
+    for t in done:
+        counts[math.floor(t) - first] += 1
+    return [first + k + 0.5 for k in range(len(counts))], [float(c) for c in counts]
+
+
 def _panels(
     group: list[dict], samples: dict, victim: dict, writer: dict, probes: dict | None = None
 ) -> list[tuple]:
     absorbed, app, dirty, ft, fsync, vic, meta, wlat = [], [], [], [], [], [], [], []
+    ops, cache, wb = [], [], []
     for cell in group:
         rows = samples.get(cell["cell"], [])
         xf, yf = _fsync_means(rows)
@@ -397,6 +421,16 @@ def _panels(
             ft.append((cell, xwin, [v / 2**20 for v in ywin], "--"))
         if victim.get(cell["cell"]):
             vic.append((cell, *_bucket_max(victim[cell["cell"]], 0.25), "-"))
+            ops.append((cell, *_completions_per_second(victim[cell["cell"]]), "-"))
+        xcc, ycc = _series(rows, "t", "cg_cache")
+        xv, yv = _series(rows, "t", "victim_cached")
+        if xcc and len(xcc) == len(xv):
+            cache.append(
+                (cell, xcc, [max(0, a - b) / 2**20 for a, b in zip(ycc, yv, strict=True)], "-")
+            )
+            cache.append((cell, xv, [v / 2**20 for v in yv], "--"))
+        if xcw and cell["arm"] != "idle":
+            wb.append((cell, xcw, [v / 2**20 for v in ycw], "-"))
         lat = [
             (float(r["t"]), float(r["max_s"]) * 1e3)
             for r in writer.get(cell["cell"], [])
@@ -412,7 +446,15 @@ def _panels(
         (dirty, "Dirty+Writeback, host (solid) and shared cgroup (dotted)", "MiB", 0),
         (ft, "fusethrottle un-synced (solid) and window (dashed)", "MiB", 0),
         (fsync, "fsync latency (mean of the fsyncs completing per 250 ms)", "ms", 1),
-        (vic, "neighbour's worst 4 KiB op per 250 ms", "ms", 1),
+        (vic, "neighbour's worst operation per 250 ms", "ms", 1),
+        (ops, "neighbour's operations completed per second", "ops/s", 0),
+        (
+            cache,
+            "shared cgroup's page cache: not the victim's (solid), the victim's files (dashed)",
+            "MiB",
+            0,
+        ),
+        (wb, "shared cgroup's pages under writeback", "MiB", 0),
         (meta, "stat / readdir on the mount (or target), worst per 250 ms", "ms", 1),
         (wlat, "backup's worst write() per 250 ms (at the time it returned)", "ms", 1),
     ]

@@ -18,6 +18,7 @@ import shutil
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import analysis
@@ -42,7 +43,9 @@ from bench.system import (
     cpu_times,
     loadavg,
     process_cpu_seconds,
+    resident_bytes,
     start,
+    tree_resident_bytes,
 )
 from bench.target import BdiLimit, Target, make_target
 from bench.workloads import (
@@ -63,9 +66,10 @@ Daemon = FuseThrottleMount | PassthroughLLMount
 
 def ft_mount_options(plan: Plan, arm: ArmSpec) -> str:
     """The -o options an ft-* arm mounts with, before the metrics endpoint the harness may add:
-    the mode the arm is named after, the plan's --ft-options, the arm's own. With empty
-    --ft-options (the passthrough preset) that is ``mode=...`` alone: the daemon's defaults."""
-    opts = f"mode={arm.ft_mode},{plan.ft_options},{arm.param}"
+    the mode the arm is named after, the plan's --ft-options, the arm's own (several joined by
+    ``:``, since commas separate arms). With empty --ft-options (the passthrough preset) that
+    is ``mode=...`` alone: the daemon's defaults."""
+    opts = f"mode={arm.ft_mode},{plan.ft_options},{arm.param.replace(':', ',')}"
     return ",".join(o for o in opts.split(",") if o)
 
 
@@ -271,6 +275,7 @@ class Runner:
                 cg.stat if cg else None,
                 daemon.pid if daemon else None,
                 daemon.metrics_url if daemon else None,
+                self._residency(cell, dest) if cg and victim else None,
             )
             sampler.start()
             stack.callback(sampler.stop)
@@ -417,11 +422,36 @@ class Runner:
             build.binary, backing, mountpoint, arm.c_options(), log_path, self.teardown, cgroup
         )
 
+    def _residency(self, cell: str, dest: Path) -> Callable[[], dict[str, int]]:
+        files = self.victim_files(cell)
+
+        def sample() -> dict[str, int]:
+            return {
+                "victim_cached": sum(resident_bytes(f) for f in files),
+                "target_cached": tree_resident_bytes(dest),
+            }
+
+        return sample
+
+    def victim_files(self, cell: str) -> list[Path]:
+        """The victim's files on the host disk: its log, its data, the cache filler."""
+        base = self.workdir / f"victim-{cell}.dat"
+        return [base, Path(f"{base}.data"), self.workdir / "fill"]
+
     def _start_victim(self, cell: str, log_path: Path, procs: str | None) -> Child:
         plan = self.plan
-        cmd = [*self.python, "bench.victim", "--path", str(self.workdir / f"victim-{cell}.dat")]
-        cmd += ["--mode", plan.victim, "--interval", str(plan.victim_interval)]
+        path, _data, fill = self.victim_files(cell)
+        cmd = [*self.python, "bench.victim", "--path", str(path), "--mode", plan.victim]
         cmd += ["--log", str(log_path)]
+        if plan.victim == "db":
+            # Back to back (its throughput is the measure); a working set of half the cgroup,
+            # which the filler has made full of cache before the first transaction.
+            cmd += ["--interval", "0", "--working-set", str(plan.cgroup_mem // 2)]
+            if plan.cgroup_mem:
+                self._make_fill(fill, plan.cgroup_mem)
+                cmd += ["--fill", str(fill)]
+        else:
+            cmd += ["--interval", str(plan.victim_interval)]
         child = start(
             "victim",
             cmd,
@@ -430,7 +460,7 @@ class Runner:
             stderr=log_path.with_suffix(".err"),
             env=self.env,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while True:
             with contextlib.suppress(OSError), open(log_path) as f:
                 if f.readline().startswith("# ready"):
@@ -438,8 +468,19 @@ class Runner:
             if child.poll() is not None:
                 raise BenchError(f"victim exited {child.exit_code} before it was ready")
             if time.monotonic() > deadline:
-                raise BenchError("victim not ready after 30s")
+                raise BenchError("victim not ready after 60s")
             time.sleep(0.02)
+
+    def _make_fill(self, path: Path, size: int) -> None:
+        """The file the db victim reads to fill its cgroup with cache, made once per run."""
+        if path.exists() and path.stat().st_size == size:
+            return
+        block = os.urandom(1 << 20)
+        with open(path, "wb") as f:
+            for _ in range(size >> 20):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
 
     def _tree(self, size: int) -> tuple[Path, int, int]:
         """The source tree for tar workloads, generated once per size on tmpfs."""

@@ -1,5 +1,6 @@
-"""Sampling every 250 ms: the kernel's dirty memory, what the target absorbed, what the writer
-wrote, and — when the daemon serves metrics — fusethrottle's own window and un-synced bytes.
+"""Sampling every 250 ms: the kernel's dirty memory, the shared cgroup's page cache and how much
+of it is the victim's, what the target absorbed, what the writer wrote, and — when the daemon
+serves metrics — fusethrottle's own window and un-synced bytes.
 
 Two threads: the sampler reads only local files (/proc, /sys) and never blocks for long; the
 metrics scraper talks HTTP to the daemon with a short timeout, so a daemon stuck on a hung target
@@ -33,6 +34,9 @@ COLUMNS = (
     "cg_dirty",
     "cg_writeback",
     "cg_usage",
+    "cg_cache",
+    "victim_cached",
+    "target_cached",
     "absorbed",
     "app_written",
     "writer_pid",
@@ -167,11 +171,14 @@ class Sampler:
         cgroup_stat: Callable[[], dict[str, int]] | None = None,
         daemon_pid: int | None = None,
         metrics_url: str | None = None,
+        residency: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.interval = interval
         self.absorbed = absorbed
         self.cgroup_stat = cgroup_stat
         self.daemon_pid = daemon_pid
+        # mincore counts: the victim's files, and the backup's files on the target
+        self.residency = residency
         self.writer_pid: int | None = None  # set by the workload as its phases start
         self.t0 = time.monotonic()  # rebased when the writer starts
         self.rows: list[dict[str, float | str | None]] = []
@@ -221,6 +228,9 @@ class Sampler:
             row["cg_dirty"] = cg.get("dirty")
             row["cg_writeback"] = cg.get("writeback")
             row["cg_usage"] = cg.get("usage")
+            row["cg_cache"] = cg.get("cache")
+        if self.residency:
+            row |= self.residency()
         row["absorbed"] = self.absorbed()
         pid = self.writer_pid
         if pid:

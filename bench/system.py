@@ -129,6 +129,60 @@ def drop_caches(level: int) -> None:
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+)
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes(path: str | Path) -> int:
+    """How much of the file at *path* is in the page cache (mincore of a read-only mapping).
+
+    Opening and mapping read no data and change no page's age. 0 for a missing or empty file.
+    Never call it on a FUSE file: an open there may drop the very cache it would count.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOATIME)
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0
+        addr = _libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return 0
+        try:
+            pages = (size + PAGE_SIZE - 1) // PAGE_SIZE
+            vec = ctypes.create_string_buffer(pages)
+            if _libc.mincore(addr, size, vec) != 0:
+                return 0
+            return (pages - vec.raw[:pages].count(0)) * PAGE_SIZE  # bit 0: resident
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+def tree_resident_bytes(root: str | Path) -> int:
+    """resident_bytes of every regular file below *root* (the backup's files on the target)."""
+    total = 0
+    for top, _dirs, names in os.walk(root):
+        for name in names:
+            total += resident_bytes(os.path.join(top, name))
+    return total
+
+
 def syncfs(path: str | Path) -> float:
     """syncfs(2) on the filesystem holding *path*; returns the seconds it took."""
     t0 = time.monotonic()

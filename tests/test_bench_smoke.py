@@ -223,6 +223,35 @@ def test_ctrl_c_tears_everything_down(tmp_path: Path) -> None:
     assert (out / "summary.md").exists()  # what was measured is still reported
 
 
+# --- issue 15: the database neighbour -----------------------------------------------------------
+
+
+@pytest.mark.slow_target
+@needs_root
+def test_db_smoke_measures_a_neighbour_that_needs_memory(tmp_path: Path) -> None:
+    """The db victim fills its cgroup, reads, allocates and commits; the report has its
+    throughput, its gaps and the cgroup's cache split; the daemon's defaults took the target's
+    cache out of the shared cgroup."""
+    out = tmp_path / "run"
+    res = bench("run", "--preset", "db", "--smoke", "--out", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    cells = {c["arm"]: c for c in map(json.loads, (out / "cells.jsonl").read_text().splitlines())}
+    assert set(cells) == {"idle", "ft-adaptive"}
+    for c in cells.values():
+        assert c["status"] == "ok", c
+        assert c["victim_ops_per_s"] > 0 and c["victim_dead_seconds"] >= 0, c
+        assert c["victim_cached_min_mib"] > 0, c  # mincore found the victim's files
+        assert c["cg_backup_cached_end_mib"] is not None, c
+    ft = cells["ft-adaptive"]
+    assert ft["on_target_bytes"] == ft["app_bytes"] > 0
+    log = next((out / "logs").glob("*ft-adaptive-daemon.log")).read_text()
+    assert "charged to the memory cgroup" in log, log[-2000:]
+    text = (out / "summary.md").read_text()
+    assert "victim ops/s" in text and "seconds without an op" in text
+    run = json.loads((out / "run.json").read_text())
+    assert leftovers(run["pid"]) == []
+
+
 # --- issue 11: the passthrough preset, with libfuse's C passthrough_ll as the reference -------
 
 
