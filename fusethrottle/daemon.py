@@ -105,7 +105,11 @@ def build(
     enforce = config.mode != "off"
     flusher_ref: list[Flusher] = []
 
-    kernel_pages = KernelPages(enabled=config.drop_synced)
+    def held_by_kernel(nodeid: int) -> bool:
+        inode = inodes.get(nodeid)
+        return inode is not None and inode.lookups > 0 and inode.removed is None
+
+    kernel_pages = KernelPages(enabled=config.drop_synced, known=held_by_kernel)
     kernel_cache = KernelCache(
         enabled=config.writeback_cache and enforce,
         limit=config.kernel_cache,
@@ -287,6 +291,17 @@ class Daemon:
             self.mount.config.batch,
             self.mount.config.window,
         )
+        cgroup = self.mount.memory_cgroup
+        if cgroup is not None and cgroup.path is not None:
+            log.info(
+                "page cache of the target is charged to the memory cgroup %s (limit %d MiB), "
+                "not to %s",
+                cgroup.path,
+                cgroup.limit >> 20,
+                cgroup.hierarchy.current if cgroup.hierarchy else "?",
+            )
+        elif cgroup is not None and cgroup.reason:
+            log.info("the daemon stays in its memory cgroup: %s", cgroup.reason)
         sdnotify.notify("READY=1")
         if self.on_ready is not None:
             self.on_ready()
@@ -420,6 +435,8 @@ def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
     own_cgroup = OwnMemoryCgroup(memory_cgroup_limit(config))
     if config.memory_cgroup == "auto":
         own_cgroup.enter()
+    else:
+        own_cgroup.reason = "memory_cgroup=off"
     try:
         events, observer, extra = attach_metrics(config)
         mount = build(config, events, observer)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
+import stat
+import time
+from dataclasses import dataclass, field
 
 import pyfuse3
 import trio
@@ -46,6 +48,9 @@ class Inode:
     write_lock: trio.Lock | None = None
     # Set once its last name was unlinked through the mount: what it looked like then.
     removed: os.stat_result | None = None
+    # When this node was registered (time.monotonic): attributes taken earlier under the same
+    # inode number belong to an object that number named before (see Operations.getattr).
+    born: float = field(default_factory=time.monotonic)
     # The byte range written since the file's last injected sync began (None: nothing), which
     # the next one writes back in pieces and then drops from the page cache.
     written: tuple[int, int] | None = None
@@ -101,12 +106,35 @@ class InodeTable:
         return self._by_id.get(nodeid)
 
     def find(self, st: os.stat_result) -> Inode | None:
-        """The registered inode of this backing object, if the kernel knows it."""
+        """The registered inode of this backing object, if the kernel knows it (the caller
+        knows *st* is that object's: an unlink's stat, taken just before it went)."""
         return self._by_key.get((st.st_dev, st.st_ino))
+
+    def _known(self, st: os.stat_result) -> Inode | None:
+        """The registered inode with *st*'s device and inode number, unless that is another
+        object: the file system reuses the number of a deleted file or directory, while the
+        kernel may still hold the old node (it forgets asynchronously). Answering for the new
+        object with the old node would show the kernel a node that changed type (it fails the
+        next stat with EIO) or serve the deleted file's data. The old node keeps its id until
+        the kernel forgets it; the new object gets another. For objects just found by name
+        (lookup, create): those are linked, so a known one with no links left is another."""
+        key = (st.st_dev, st.st_ino)
+        known = self._by_key.get(key)
+        if known is None or known.nodeid == ROOT:
+            return known
+        try:
+            old = os.fstat(known.path_fd)
+            same = old.st_nlink > 0 and stat.S_IFMT(old.st_mode) == stat.S_IFMT(st.st_mode)
+        except OSError:
+            same = False
+        if same:
+            return known
+        del self._by_key[key]
+        return None
 
     def nodeid_for(self, st: os.stat_result) -> int:
         """The node id this backing object has, or would get if registered now."""
-        known = self._by_key.get((st.st_dev, st.st_ino))
+        known = self._known(st)
         if known is not None:
             return known.nodeid
         if (
@@ -126,7 +154,7 @@ class InodeTable:
         closed and the existing inode is returned.
         """
         key = (st.st_dev, st.st_ino)
-        known = self._by_key.get(key)
+        known = self._known(st)
         if known is not None:
             os.close(path_fd)
             known.lookups += 1

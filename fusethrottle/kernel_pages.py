@@ -25,6 +25,7 @@ import errno
 import logging
 import os
 import struct
+from collections.abc import Callable
 
 import trio
 
@@ -60,8 +61,11 @@ def find_fuse_device_fd() -> int | None:
 class KernelPages:
     """Queues synced ranges and asks the kernel to drop them, one worker thread, in order."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, known: Callable[[int], bool] | None = None) -> None:
         self.enabled = enabled
+        # Whether the kernel still holds a node (checked just before each message: a node it
+        # has forgotten may already name another object, which must not be touched).
+        self.known = known or (lambda nodeid: True)
         self.device_fd: int | None = None
         self._pending: dict[int, tuple[int, int]] = {}
         self._wakeup = trio.Event()
@@ -97,7 +101,8 @@ class KernelPages:
             self._wakeup = trio.Event()
             while self._pending:
                 nodeid, (lo, hi) = self._pending.popitem()
-                await self._pool.run(self._send, nodeid, lo, hi - lo if hi else 0)
+                if self.known(nodeid):
+                    await self._pool.run(self._send, nodeid, lo, hi - lo if hi else 0)
 
     def _send(self, nodeid: int, offset: int, length: int) -> None:
         fd = self.device_fd

@@ -134,13 +134,7 @@ class OwnMemoryCgroup:
             with contextlib.suppress(OSError):
                 path.rmdir()
             return self._stay(f"cannot use {path}: {err.strerror or err}")
-        self.path = path
-        log.info(
-            "page cache of the target is charged to the memory cgroup %s (limit %d MiB), not to %s",
-            path,
-            self.limit >> 20,
-            hierarchy.current,
-        )
+        self.path = path  # the daemon says so once it is mounted
         return True
 
     def usage(self) -> int | None:
@@ -170,8 +164,7 @@ class OwnMemoryCgroup:
         self.path = None
 
     def _stay(self, reason: str) -> bool:
-        self.reason = reason
-        log.info("memory_cgroup=auto: the daemon stays in its memory cgroup (%s)", reason)
+        self.reason = reason  # logged once mounted; status shows it
         return False
 
 

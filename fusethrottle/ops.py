@@ -222,7 +222,8 @@ class Operations(pyfuse3.Operations):
         self.closing = False
         # Directory attributes stat'ed right after our own change to the directory, by
         # (st_dev, st_ino), with when they stop being fresh (see getattr).
-        self._dir_attrs: dict[tuple[int, int], tuple[os.stat_result, float]] = {}
+        # (dev, ino) -> (stat, answers until (trio clock), taken at (time.monotonic))
+        self._dir_attrs: dict[tuple[int, int], tuple[os.stat_result, float, float]] = {}
         if attr_timeout > 0:
             backend.on_dir_changed = self._dir_changed
         self.files: dict[int, FileHandle] = {}
@@ -328,7 +329,7 @@ class Operations(pyfuse3.Operations):
         now = trio.current_time()
         if len(self._dir_attrs) >= _DIR_ATTRS_MAX:
             self._dir_attrs = {k: v for k, v in self._dir_attrs.items() if v[1] > now}
-        self._dir_attrs[(st.st_dev, st.st_ino)] = (st, now + self.attr_timeout)
+        self._dir_attrs[(st.st_dev, st.st_ino)] = (st, now + self.attr_timeout, time.monotonic())
 
     @_replies
     async def getattr(self, inode: int, ctx: Any = None) -> Any:
@@ -343,7 +344,14 @@ class Operations(pyfuse3.Operations):
         self._refuse_when_closing()
         node = self.inodes[inode]
         fresh = self._dir_attrs.get(node.key)
-        if fresh is not None and fresh[1] > trio.current_time():
+        if (
+            fresh is not None
+            and fresh[1] > trio.current_time()
+            # Not of an earlier object with the same inode number (a directory removed, its
+            # number given to a new file or directory within attr_timeout).
+            and fresh[2] >= node.born
+            and stat.S_IFMT(fresh[0].st_mode) == stat.S_IFMT(node.mode)
+        ):
             return self._attr(inode, fresh[0])
         return self._attr(inode, await self.backend.stat(node.path_fd))
 

@@ -247,3 +247,26 @@ def test_mount_behaves_like_a_plain_directory(ft: Daemon, workdir: Path) -> None
         )
     finally:
         os.umask(old_umask)
+
+
+def test_names_reusing_a_removed_directorys_inode_number_stat_cleanly(ft: Daemon) -> None:
+    """rm -rf of a tree, then a new tree at once: ext4 hands the removed directories' inode
+    numbers to the new files. A stat of a new file must never be answered with the attributes
+    the daemon kept of the directory that had its number (the kernel fails it with EIO: found
+    by the state machine above when synced pages were dropped and the kernel asked again)."""
+    failures = []
+    for n in range(400):
+        root = ft.mountpoint / f"reuse{n}"
+        root.mkdir()
+        for d in ("d", "e", "d/d"):
+            (root / d).mkdir()
+        for f in ("f", "g", "d/f", "e/f", "d/d/f"):
+            (root / f).write_bytes(b"x" * n)
+        for top, dirs, files in os.walk(root):
+            for name in dirs + files:
+                try:
+                    os.lstat(os.path.join(top, name))
+                except OSError as err:
+                    failures.append((n, name, err.errno))
+        shutil.rmtree(root)
+    assert failures == []
