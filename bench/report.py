@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import sidebyside
+from bench import neighbour, sidebyside
 from bench.results import dump_json, read_cells, read_csv
 from bench.stats import distinct, finite, median
 
@@ -471,11 +471,13 @@ def build(out: Path, plots: bool = True) -> tuple[dict, str]:
     run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
     groups = aggregate(cells)
     side = sidebyside.build(cells)
+    verdicts = neighbour.verdicts(cells)
     summary = {
         "run": run,
         "groups": groups,
         "ratios_vs_direct": ratios(groups),
         "side_by_side": side,
+        "neighbour": verdicts,
     }
     dump_json(out / "summary.json", summary)
     made = plot_groups(out, cells) if plots else []
@@ -510,6 +512,8 @@ def build(out: Path, plots: bool = True) -> tuple[dict, str]:
         md += ["", sidebyside.markdown(side, cells, run)]
         md += [f"![{path.stem}]({path.name})" for path in side_plots]
         md += ["", "## Every arm, every number", ""]
+    if verdicts:
+        md += ["", neighbour.markdown(verdicts), ""]
     md += ["", "Values are medians over repeats, (min-max) when there were several.", ""]
     md.append(markdown_tables(groups))
     rat = ratios(groups)

@@ -1,0 +1,49 @@
+"""The neighbour verdict table: every repeat counts, ratios pair arms of the same repeat."""
+
+from __future__ import annotations
+
+from bench.neighbour import markdown, verdicts
+
+
+def cell(arm: str, repeat: int, ops: float, mibps: float | None, worst: float, **kw) -> dict:
+    return {
+        "status": "ok",
+        "workload": "seq",
+        "arm": arm,
+        "repeat": repeat,
+        "victim_ops_per_s": ops,
+        "target_mibps": mibps,
+        "victim_max_ms": worst,
+        "victim_over_500ms": kw.get("over", 0),
+        "victim_dead_seconds": kw.get("dead", 0),
+        "cg_backup_cached_end_mib": kw.get("left"),
+    }
+
+
+def test_the_worst_repeat_shows_and_ratios_pair_within_a_repeat() -> None:
+    cells = [
+        cell("idle", 1, 1000, None, 20),
+        cell("direct-bdi", 1, 950, 10.0, 90, left=400),
+        cell("ft-adaptive", 1, 990, 9.0, 30, left=3),
+        cell("idle", 2, 500, None, 20),  # a slower machine in repeat 2: pairs with its own idle
+        cell("direct-bdi", 2, 450, 8.0, 700, over=1, dead=1, left=420),
+        cell("ft-adaptive", 2, 480, 8.0, 40, left=5),
+        {"status": "failed", "arm": "ft-adaptive", "workload": "seq", "repeat": 3},
+    ]
+    rows = {r["arm"]: r for r in verdicts(cells)}
+    ft, bdi = rows["ft-adaptive"], rows["direct-bdi"]
+    assert ft["repeats"] == 2 and ft["victim_max_ms_worst"] == 40
+    assert ft["victim_vs_idle_worst"] == 0.96 and ft["victim_vs_idle_median"] == 0.975
+    assert ft["backup_vs_kernel_limit_worst"] == 0.9
+    assert ft["backup_vs_kernel_limit_median"] == 0.95
+    assert (
+        bdi["repeats_with_an_op_over_0.5s"] == 1 and bdi["repeats_with_a_second_without_ops"] == 1
+    )
+    assert bdi["victim_max_ms_worst"] == 700 and bdi["backup_cache_left_mib_median"] == 410
+    assert "| seq | ft-adaptive | 2 | 40 | 0 | 0 | 0.975, 0.960 | 0.950, 0.900 | 4 |" in markdown(
+        list(rows.values())
+    )
+
+
+def test_runs_without_the_db_neighbour_have_no_table() -> None:
+    assert verdicts([{"status": "ok", "arm": "direct", "workload": "seq", "repeat": 1}]) == []
