@@ -258,10 +258,9 @@ class Flusher:
                     now = trio.current_time()
                     for ticket in tickets:
                         self._done(ticket.nodeid)
-                if self.kernel_pages is not None:
-                    for ticket, error in zip(tickets, errors, strict=True):
-                        if error is None:
-                            self.kernel_pages.drop_soon(ticket.nodeid, None)
+                # The mount's copies of released small files are left to reclaim: a message per
+                # file (and the attributes it makes the kernel ask for again) cost a tree copy
+                # more than the pages are worth. Their target copies are dropped in the sync.
                 self._finish(list(zip(tickets, errors, strict=True)), "release", now - start, now)
         finally:
             self._group_running = False

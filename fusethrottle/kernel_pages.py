@@ -16,7 +16,8 @@ message for the synced range only.
 The kernel handles the notification inside the ``write()`` to the device, and a page still
 dirty in the range (the application wrote it again meanwhile) is written back first: through
 this daemon, which must be free to answer. So the writes go from a worker thread of their own,
-never from the event loop, one range at a time, newest range per file merged.
+never from the event loop: whatever queued meanwhile in one trip, ranges of one file merged.
+Released small files are not dropped here (see Flusher._sync_groups).
 """
 
 from __future__ import annotations
@@ -99,19 +100,25 @@ class KernelPages:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
-            while self._pending:
-                nodeid, (lo, hi) = self._pending.popitem()
-                if self.known(nodeid):
-                    await self._pool.run(self._send, nodeid, lo, hi - lo if hi else 0)
+            batch = [
+                (nodeid, lo, hi - lo if hi else 0)
+                for nodeid, (lo, hi) in self._pending.items()
+                if self.known(nodeid)
+            ]
+            self._pending.clear()
+            if batch:
+                await self._pool.run(self._send_all, batch)
 
-    def _send(self, nodeid: int, offset: int, length: int) -> None:
+    def _send_all(self, batch: list[tuple[int, int, int]]) -> None:
+        """One thread trip for every range queued meanwhile (one message each)."""
         fd = self.device_fd
         if fd is None:
             return
-        try:
-            os.write(fd, inval_inode_message(nodeid, offset, length))
-            self.dropped_ranges += 1
-        except OSError as err:
-            # ENOENT: the kernel has forgotten the file, and its pages with it.
-            if err.errno != errno.ENOENT:
-                log.debug("dropping pages of node %d: %s", nodeid, err.strerror)
+        for nodeid, offset, length in batch:
+            try:
+                os.write(fd, inval_inode_message(nodeid, offset, length))
+                self.dropped_ranges += 1
+            except OSError as err:
+                # ENOENT: the kernel has forgotten the file, and its pages with it.
+                if err.errno != errno.ENOENT:
+                    log.debug("dropping pages of node %d: %s", nodeid, err.strerror)
