@@ -3,13 +3,13 @@ effect on a real file's page cache."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import tempfile
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.system import resident_bytes
 from fusethrottle.backend import SyncPlan, _fsync_path
 from fusethrottle.flusher import PIECE_MIN, PIECE_UNKNOWN_RATE, writeback_piece
 from fusethrottle.inodes import Inode
@@ -47,33 +47,6 @@ def test_the_written_range_grows_is_taken_once_and_comes_back_after_a_failure() 
     assert inode.take_written() == (0, 2 * MiB)
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = (
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-)
-_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-_libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
-
-
-def _resident(fd: int, size: int) -> int:
-    """Bytes of the file in the page cache (mincore of a read-only mapping; reads nothing)."""
-    addr = _libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
-    assert addr not in (None, ctypes.c_void_p(-1).value)
-    try:
-        pages = (size + 4095) // 4096
-        vec = ctypes.create_string_buffer(pages)
-        assert _libc.mincore(addr, size, vec) == 0
-        return (pages - vec.raw[:pages].count(0)) * 4096
-    finally:
-        _libc.munmap(addr, size)
-
-
 def test_a_synced_range_leaves_the_page_cache_and_the_rest_stays() -> None:
     with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
         path = os.path.join(d, "f")
@@ -82,12 +55,12 @@ def test_a_synced_range_leaves_the_page_cache_and_the_rest_stays() -> None:
         try:
             os.pwrite(fd, os.urandom(8 * MiB), 0)
             _fsync_path(path_fd, True, SyncPlan((0, 6 * MiB), 256 << 10, drop=True))
-            resident = _resident(fd, 8 * MiB)
+            resident = resident_bytes(path)
             assert resident <= 2 * MiB + 64 << 10, resident  # the last 2 MiB was not synced
             assert resident >= MiB, resident
             os.pwrite(fd, os.urandom(MiB), 0)
             _fsync_path(path_fd, True, SyncPlan((0, MiB), 0, drop=False))
-            assert _resident(fd, 8 * MiB) >= 3 * MiB  # kept when not told to drop
+            assert resident_bytes(path) >= 3 * MiB  # kept when not told to drop
         finally:
             os.close(path_fd)
             os.close(fd)
