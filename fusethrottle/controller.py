@@ -105,7 +105,7 @@ import errno as errno_mod
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .options import Config
@@ -130,6 +130,31 @@ class ControllerState:
     recent_s_per_mib: float | None  # commit cost over the last few fsyncs
     samples: int
     holds: int  # times a hard signal halved the window
+
+
+class Controller(Protocol):
+    """What the flusher feeds, and what the gate, the metrics and the bench read."""
+
+    @property
+    def window(self) -> int:
+        """Bytes of un-synced data the mount may hold now."""
+        ...
+
+    @property
+    def commit_rate(self) -> float | None:
+        """Bytes/s the target recently committed this mount's data at; None until measured."""
+        ...
+
+    @property
+    def target_window(self) -> int | None:
+        """The window it steers toward (W*); None when it does not steer or has no measure."""
+        ...
+
+    def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int: ...
+
+    def on_error(self, now: float, errno: int) -> int: ...
+
+    def snapshot(self) -> ControllerState: ...
 
 
 class _CostMeter:
@@ -231,6 +256,10 @@ class StaticController:
     def commit_rate(self) -> float | None:
         """Bytes/s the target recently committed this mount's data at; None until measured."""
         return self._costs.rate
+
+    @property
+    def target_window(self) -> int | None:
+        return None
 
     def snapshot(self) -> ControllerState:
         costs = self._costs
@@ -352,6 +381,12 @@ class AdaptiveController:
         """Bytes/s the target recently committed this mount's data at; None until measured."""
         return self._costs.rate
 
+    @property
+    def target_window(self) -> int | None:
+        """W* at the recent commit rate, clamped; None until an fsync was measured."""
+        recent = self._costs.recent
+        return None if recent is None else int(self._fit(recent))
+
     def snapshot(self) -> ControllerState:
         costs = self._costs
         return ControllerState(
@@ -374,7 +409,7 @@ class AdaptiveController:
         return float(min(max(value, self.minimum), self.maximum))
 
 
-def make_controller(config: Config) -> StaticController | AdaptiveController:
+def make_controller(config: Config) -> Controller:
     """The controller ``config.mode`` asks for; ``off`` and ``static`` keep ``config.window``.
 
     In adaptive mode ``config.window`` is the initial window and ``config.drain`` (seconds) is

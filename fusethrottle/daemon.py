@@ -31,7 +31,8 @@ from .admission import Ceilings, WindowGate
 from .backend import ABANDON_KW as _ABANDON_KW
 from .backend import Backend, target_has_xattrs
 from .budget import WriteBudget
-from .controller import make_controller
+from .controller import Controller, make_controller
+from .events import Events, NullEvents
 from .flusher import Flusher
 from .inodes import InodeTable
 from .kernel_cache import KernelCache
@@ -65,8 +66,8 @@ class Mount:
     gate: WindowGate
     flusher: Flusher
     ops: Operations
-    controller: object
-    events: object
+    controller: Controller
+    events: Events
     ceilings: Ceilings
     kernel_cache: KernelCache
     #: The bound in force on everything un-synced (kernel cache + target), slow start included.
@@ -88,11 +89,9 @@ def effective_window(window: int, commit_rate: float | None) -> int:
 
 
 def build(
-    config: Config, events: object | None = None, observer: Callable[[str, int], None] | None = None
+    config: Config, events: Events | None = None, observer: Callable[[str, int], None] | None = None
 ) -> Mount:
     """Assemble a mount's parts; the root of SOURCE is opened here (it must exist)."""
-    from .events import NullEvents
-
     events = events or NullEvents()
     backend = Backend(config.threads, observer=observer)
     root_fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -137,7 +136,7 @@ def build(
         ledger,
         gate,
         batch=config.batch,
-        on_admission_wait=events.admission_wait,  # type: ignore[attr-defined]
+        on_admission_wait=events.admission_wait,
     )
     flusher = Flusher(
         budget,
@@ -147,7 +146,7 @@ def build(
         batch=config.batch,
         max_age=config.max_age,
         inject=enforce,
-        on_fsync=events.fsync,  # type: ignore[attr-defined]
+        on_fsync=events.fsync,
         window=window,
         pieces=config.writeback_pieces,
         drop_synced=config.drop_synced,
@@ -167,7 +166,7 @@ def build(
         flusher=flusher,
         attr_timeout=config.attr_timeout,
         writeback_cache=config.writeback_cache,
-        events=events,  # type: ignore[arg-type]
+        events=events,
         ceilings=ceilings if ceilings.active else None,
         offer_xattrs=xattrs,
         target_xattrs=target_xattrs,

@@ -36,6 +36,7 @@ import trio
 
 from .backend import Backend, SyncPlan
 from .budget import WriteBudget
+from .controller import Controller
 from .inodes import Inode, InodeTable
 from .kernel_pages import KernelPages
 from .ledger import SyncTicket, sync_trigger
@@ -51,16 +52,6 @@ GROUP_SYNC_MAX_BYTES = 1 << 20
 GROUP_SYNC_GATHER = 0.02
 #: At most this many files per group, so one group's thread call stays short.
 GROUP_SYNC_MAX_FILES = 256
-
-
-class Controller:  # structural type; see controller.py
-    window: int
-
-    @property
-    def commit_rate(self) -> float | None: ...
-
-    def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int: ...
-    def on_error(self, now: float, errno: int) -> int: ...
 
 
 @dataclass(frozen=True)

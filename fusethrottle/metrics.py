@@ -56,6 +56,7 @@ from prometheus_client.core import (
 )
 
 from . import __version__
+from .controller import Controller
 from .meter import ClassTotals, Meter, OpClass
 from .meter import profile as meter_profile
 from .options import MODES, Config
@@ -507,34 +508,19 @@ def recent_fsyncs(samples: Iterable[tuple[float, float]], now: float) -> FsyncRe
     )
 
 
-def _controller_facts(config: Config, controller: Any) -> ControllerFacts:
-    window = int(getattr(controller, "window", config.window))
-    snapshot = getattr(controller, "snapshot", None)
-    state = snapshot() if callable(snapshot) else None
-    recent = getattr(state, "recent_s_per_mib", None)
-    baseline = getattr(state, "baseline_s_per_mib", None)
+def _controller_facts(config: Config, controller: Controller) -> ControllerFacts:
+    state = controller.snapshot()
+    recent, baseline = state.recent_s_per_mib, state.baseline_s_per_mib
+    target = controller.target_window
     return ControllerFacts(
         mode=config.mode,
-        window=window,
-        target_window=_target_window(controller, recent),
+        window=controller.window,
+        target_window=float(target) if target is not None else None,
         baseline_bytes_per_second=MiB / baseline if baseline else None,
         recent_bytes_per_second=MiB / recent if recent else None,
-        samples=int(getattr(state, "samples", 0)),
-        holds=int(getattr(state, "holds", 0)),
+        samples=state.samples,
+        holds=state.holds,
     )
-
-
-def _target_window(controller: Any, recent_s_per_mib: float | None) -> float | None:
-    """The adaptive controller's W* = recent commit rate x drain_s, clamped (controller.py)."""
-    target = getattr(controller, "target", None)
-    if callable(target):
-        value = target()
-        return float(value) if value is not None else None
-    drain = getattr(controller, "drain_s", None)
-    if drain is None or not recent_s_per_mib:
-        return None  # a static controller, or nothing measured yet
-    fit = drain / recent_s_per_mib * MiB
-    return float(min(max(fit, controller.minimum), controller.maximum))
 
 
 class Metrics:

@@ -214,6 +214,14 @@ def test_after_a_slow_phase_the_window_is_back_within_a_few_fsyncs() -> None:
     assert windows[-1] >= 0.85 * steady, [w / MiB for w in windows]
 
 
+def test_the_target_window_is_what_the_metrics_show_as_w_star() -> None:
+    controller = adaptive(drain_s=2.5)
+    assert controller.target_window is None  # nothing measured yet
+    Feed(controller).run(10, rate=20 * MiB)
+    assert controller.target_window == pytest.approx(50 * MiB, rel=0.01)
+    assert StaticController(64 * MiB).target_window is None  # it does not steer
+
+
 def test_snapshot_reports_the_costs_it_steers_by() -> None:
     controller = adaptive()
     feed = Feed(controller)
