@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import neighbour, sidebyside
-from bench.results import dump_json, read_cells, read_csv
+from bench.results import dump_json, read_cells, read_csv, save_png
 from bench.stats import distinct, finite, median
 
 log = logging.getLogger(__name__)
@@ -333,7 +333,7 @@ def plot_groups(out: Path, cells: Sequence[dict]) -> list[Path]:
             fig.tight_layout(rect=(0, 0, 1, 0.97))
             safe = "".join(ch if ch.isalnum() else "-" for ch in f"{target}-{workload}")
             path = out / f"plot-{safe}.png"
-            fig.savefig(path, dpi=90)
+            save_png(fig, path)
             plt.close(fig)
             made.append(path)
     return made

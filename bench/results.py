@@ -8,6 +8,10 @@ Layout (bench/README.md documents it for users):
   writer.csv    the backup writer's own 250 ms intervals and fsyncs
   logs/         daemon output of the fusethrottle arms
   summary.json, summary.md, plot-*.png   derived by bench.report (``python -m bench report DIR``)
+
+What is committed under bench/results/ is the derived part only (run.json, cells.jsonl,
+summaries, phase tables, plots as 256-colour PNGs): the raw series are tens of MB a run, and the
+command in run.json regenerates them.
 """
 
 from __future__ import annotations
@@ -34,6 +38,17 @@ def _clean(value: object) -> object:
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
     return value
+
+
+def save_png(fig: object, path: Path, dpi: int = 90) -> None:
+    """Save a matplotlib figure as a 256-colour PNG: line plots lose nothing visible and the
+    file is about a third of the size, which matters for results kept in git."""
+    from PIL import Image
+
+    fig.savefig(path, dpi=dpi)  # type: ignore[attr-defined]
+    with Image.open(path) as image:
+        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    small.save(path, optimize=True)
 
 
 def dump_json(path: Path, data: object) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.results import save_png
 from bench.stats import distinct, median
 
 log = logging.getLogger(__name__)
@@ -359,7 +360,7 @@ def plot(out: Path, tables: list[dict]) -> list[Path]:
             fig.tight_layout()
             safe = "".join(ch if ch.isalnum() else "-" for ch in t["target"])
             path = out / f"plot-{safe}-side-by-side-{what}.png"
-            fig.savefig(path, dpi=90)
+            save_png(fig, path)
             plt.close(fig)
             made.append(path)
     return made
