@@ -102,7 +102,7 @@ cleanup() {
     fi
     if [ "$installed_here" = 1 ] && [ "${FUSETHROTTLE_KEEP_DEB:-0}" != 1 ]; then
         if dpkg-query -W -f='${Status}' fusethrottle 2>/dev/null | grep -q 'ok installed'; then
-            DEBIAN_FRONTEND=noninteractive apt-get purge -y -q fusethrottle >>"$log" 2>&1 ||
+            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 purge -y -q fusethrottle >>"$log" 2>&1 ||
                 fail "cleanup: apt-get purge fusethrottle"
         fi
     fi
@@ -176,6 +176,9 @@ check "the .deb holds the command, the package, the units, the man page and the 
     same "missing" "${missing# }" "" || true
 no_foreign_files() { ! grep -E '(\.venv|site-packages|__pycache__|\.pyc$)' <<<"$contents"; }
 check "no virtualenv, site-packages or byte-code in the .deb" no_foreign_files || true
+# The controller's model and the bench are development tools, not runtime code.
+no_bench_code() { ! grep -E '/(simulation|model|simulate)\.py$|/bench/' <<<"$contents"; }
+check "no bench code or controller model in the .deb" no_bench_code || true
 if command -v lintian >/dev/null; then
     no_lintian_errors() {
         local report
@@ -194,9 +197,9 @@ fi
 # apt_install ARGS...: apt-get install, refreshing the package lists once if that fails (a
 # fresh machine may have none, and the .deb's dependencies may need fetching).
 apt_install() {
-    (cd "$top" && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@") ||
-        { DEBIAN_FRONTEND=noninteractive apt-get update -q &&
-            (cd "$top" && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"); }
+    (cd "$top" && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q "$@") ||
+        { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -q &&
+            (cd "$top" && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q "$@"); }
 }
 # --reinstall: the same version may already be installed from an earlier build.
 install_deb() { apt_install --reinstall "./${deb#"$top"/}"; }
@@ -404,7 +407,7 @@ fi
 # --- removal -------------------------------------------------------------------------------------
 if [ "$installed_here" = 1 ] && [ "${FUSETHROTTLE_KEEP_DEB:-0}" != 1 ]; then
     purge() {
-        DEBIAN_FRONTEND=noninteractive apt-get purge -y -q fusethrottle &&
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 purge -y -q fusethrottle &&
             test ! -e /usr/bin/fusethrottle &&
             test ! -e /usr/lib/python3/dist-packages/fusethrottle &&
             test ! -e /lib/systemd/system/fusethrottle@.service

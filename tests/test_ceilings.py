@@ -67,20 +67,26 @@ def test_reads_and_metadata_pass_free_unless_asked() -> None:
 
 
 @pytest.mark.mount
-def test_metered_limit_is_delivered_within_five_percent(make_mount) -> None:
-    """Through a real mount: 16 MiB/s of metered writes over 10 s, as the target receives them.
+def test_a_real_mount_never_lets_more_than_the_limit_through(make_mount) -> None:
+    """Through a real mount, a writer that could go at hundreds of MiB/s: the target receives no
+    more than the metered limit allows over the time that passed (plus the burst), and writing
+    goes on. The bucket's exactness is tested above under MockClock; the rate a real mount
+    delivers is the bench's to measure (``python -m bench run --target tmpfs --victim none
+    --arms ft-adaptive:metered_limit=16M``), since a loaded machine only ever delivers less.
 
     Measured at the target, because the writeback cache lets the writer run ahead of it by the
     kernel's share of the window; what the ceiling promises is the rate the target sees.
     """
-    daemon = make_mount(options=["metered_limit=16M", "mode=off"])
+    limit = 8 * MiB
+    daemon = make_mount(options=[f"metered_limit={limit}", "mode=off"])
     assert daemon.source is not None
     path = daemon.mountpoint / "stream.bin"
     landed = daemon.source / "stream.bin"
     block = os.urandom(MiB)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    stop = time.monotonic() + 14.0
-    samples: list[tuple[float, int]] = []
+    start = time.monotonic()
+    stop = start + 6.0
+    sizes: list[tuple[float, int]] = []
 
     def writer() -> None:
         while time.monotonic() < stop:
@@ -89,13 +95,15 @@ def test_metered_limit_is_delivered_within_five_percent(make_mount) -> None:
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        time.sleep(2.0)  # spend the burst first, then measure steady state
-        samples.append((time.monotonic(), landed.stat().st_size))
-        time.sleep(10.0)
-        samples.append((time.monotonic(), landed.stat().st_size))
+        while time.monotonic() < stop:
+            time.sleep(0.5)
+            # Size first, then the clock: the bound is checked against at least the time passed.
+            size = landed.stat().st_size
+            sizes.append((time.monotonic() - start, size))
     finally:
         thread.join()
         os.close(fd)
-    (t0, s0), (t1, s1) = samples
-    rate = (s1 - s0) / (t1 - t0)
-    assert abs(rate - 16 * MiB) / (16 * MiB) <= 0.05, f"{rate / MiB:.2f} MiB/s"
+    for elapsed, size in sizes:
+        allowed = limit * (elapsed + BURST_SECONDS) + MiB  # one write may be passing the gate
+        assert size <= allowed, f"{size / MiB:.1f} MiB landed after {elapsed:.1f} s"
+    assert sizes[-1][1] > sizes[0][1] > 0  # throttled, not stopped
