@@ -144,6 +144,22 @@ PRESETS: dict[str, Preset] = {
         cgroup_mem={"full": 0, "quick": 0, "smoke": 0},
         idle={"full": 10.0, "quick": 5.0, "smoke": 1.0},
     ),
+    "demo": Preset(
+        about=(
+            "the quick start: a backup written onto a 20 MiB/s loop target once directly and once "
+            "through fusethrottle (its defaults), with a 4 KiB write+fdatasync neighbour in the "
+            "same 384 MiB memory cgroup; about two minutes"
+        ),
+        targets=("loop",),
+        schedule={"full": "20M", "quick": "20M", "smoke": "64M"},
+        workloads={"full": "seq:480M", "quick": "seq:480M", "smoke": "seq:24M"},
+        arms={"full": "direct,ft-adaptive", "quick": "direct,ft-adaptive", "smoke": "direct"},
+        repeats={"full": 1, "quick": 1, "smoke": 1},
+        victim="fdatasync",
+        cgroup_mem={"full": 384 * MiB, "quick": 384 * MiB, "smoke": 128 * MiB},
+        idle={"full": 5.0, "quick": 5.0, "smoke": 1.0},
+        ft_options="",
+    ),
     "passthrough": Preset(
         about=(
             "issue 11's side-by-side report: dd at 4K/10K/128K/1M, 10,000 small files (create, "

@@ -223,6 +223,36 @@ def test_ctrl_c_tears_everything_down(tmp_path: Path) -> None:
     assert (out / "summary.md").exists()  # what was measured is still reported
 
 
+# --- the quick start's demo ----------------------------------------------------------------------
+
+
+@pytest.mark.slow_target
+@needs_root
+def test_the_quick_start_demo_ends_in_a_short_verified_table(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = bench("run", "--preset", "demo", "--smoke", "--verify", "--out", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    brief = subprocess.run(
+        [sys.executable, "-m", "bench.brief", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert brief.returncode == 0, brief.stderr
+    assert "| backup written directly |" in brief.stdout
+    assert "every byte of every backup was read back from the target and verified" in brief.stdout
+    assert "plot: " in brief.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "bench.brief", str(tmp_path / "nothing")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
+
+
 # --- issue 15: the database neighbour -----------------------------------------------------------
 
 
