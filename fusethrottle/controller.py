@@ -13,90 +13,43 @@ every benchmark compares against.
 
     W* = rate x drain_s          rate = MiB committed / seconds spent, over the last 5 fsyncs
 
-The user-facing promise: whatever has to wait for this mount's data (a sync(), reclaim, the
-backup's own fsync) waits about ``drain_s``, whether the target runs at 200 MiB/s or 1 MiB/s.
-The kernel's per-device limit, by contrast, holds a fixed byte count, so its wait grows as the
-target slows.
+Why drain time and not bytes: whatever has to wait for this mount's data (a sync(), reclaim, the
+backup's own fsync) then waits about ``drain_s`` whether the target runs at 200 MiB/s or 1 MiB/s,
+and hosts sharing one target need no learned baseline (the order they join in does not matter).
 
-How it is measured. Each fsync is charged its *delivery interval*: from its start, or from the
-previous completion if that came later. Sequential fsyncs are charged their whole duration;
-overlapping ones are not charged twice. So the rate is this mount's commit rate, and it does not
-fall as the mount's own queue grows. Raw fsync latency *does* grow with the mount's own queue, and
-that is what drove the first design below into its problems.
+Each fsync is charged its *delivery interval*: from its start, or from the previous completion if
+that came later. Overlapping fsyncs are not charged twice, so the rate is this mount's commit rate
+and does not fall as the mount's own queue grows (raw fsync latency does).
 
 Rules, in order:
 
 1. Hard signals (an fsync of ``slow_fsync_s`` or more, or EIO/ETIMEDOUT) halve the window and
    *hold*: no growth until an fsync that started after the cut comes back in time. Then the
-   samples from before the cut are forgotten: they measured a stall that is over, and kept in
-   the mean they held the window (and the gate's pacing, which uses the same rate) at the
-   stall's rate for five more fsyncs (the degrade bench: 88% of static's throughput in the 30 s
-   after a stall).
+   samples from before the cut are forgotten: a stall that is over must not set the pace (nor
+   the gate's pacing, which uses the same rate) for five more fsyncs.
 2. Until ``short_samples`` fsyncs have been seen, the initial window is only a guess, and the
    first evidence that it is too big replaces it outright.
 3. If the window is more than ``tolerance`` x W*, the target is clearly slower than the window
-   assumes: cut at once to W*, but by at most half per sample. The other way round, if the two
-   newest fsyncs (a quarter of the window between them) committed more than ``tolerance`` x
-   faster than the older ones, the older ones are forgotten: a faster target is believed after
-   two fsyncs, not after the 5-sample mean has caught up. One fast fsync is not enough (its
-   data may have been written back already).
+   assumes: cut at once to W*, but by at most half per sample (one odd sample must not empty
+   the window). The other way round, if the two newest fsyncs (a quarter of the window between
+   them) committed more than ``tolerance`` x faster than the older ones, the older ones are
+   forgotten: a faster target is believed after two fsyncs. One is not enough (its data may
+   have been written back already).
 4. Otherwise move ``smoothing`` of the way toward W*. Shrink only when the latest sample *and*
    the 5-sample mean both say "too big"; grow only when both say "too small", and only while at
    least half the window is in use (a writer slower than the target needs no bigger window).
    When both say W* is at least ``tolerance`` x the window, move half of the way (after a stall
    or a speed-up the window is far too small, and the backup loses time while it grows).
 5. Every update made while the window is in use and not held adds a small fixed step
-   (``fair_step``, default ``minimum / 4``, at most W*/8). This is the additive half of AIMD.
-   Hosts sharing one server each measure their own share, and on a FIFO server a host's share
-   follows its window. So W* is proportional to the window, and without a fixed step nothing
-   pulls unequal windows together. It costs a bias of at most +12.5% over W*.
+   (``fair_step``, default ``minimum / 4``, at most W*/8): the additive half of AIMD. On a FIFO
+   server a host's share follows its window, so W* is proportional to the window and without a
+   fixed step nothing pulls unequal windows together. It costs a bias of at most +12.5% over W*.
 
-Why not the first design (``../shared/DESIGN.md``, "Controller")? It used a gradient on fsync
-seconds per MiB against a slow long-term baseline: shrink when ``tolerance x long / short < 1``,
-otherwise grow by ``batch``. It was measured in ``fusethrottle.simulation`` (``python -m
-bench.simulate``). The flusher runs one fsync per file, each covering everything dirty in that
-file, so a bigger window makes each fsync bigger, not slower per MiB. The gradient never saw
-congestion: it grew by a batch per sample toward ``window_max`` (1.3-1.9 GiB after 400 s at
-25-200 MiB/s) and settled in none of 8 step scenarios. It shrank only on 30 s hard signals, so
-when a 20 MiB/s target fell to 1 MiB/s it still held 269 MiB. Eight hosts on one target held
-3.5-14 GiB between them. A baseline learned per mount also cannot tell "the target got slower"
-from "other hosts joined". In a variant of this controller, mounts that joined at different
-times kept different baselines (8 staggered mounts: Jain 0.80). A drain-time target has no
-learned baseline, so the order in which hosts join does not matter.
-
-Measured in the model (``tests/test_simulation.py``, ``python -m bench.simulate``). Setup: one
-file written at 400 MiB/s, 64 MiB batches, window 16 MiB-2 GiB, each fsync's cost jittered
-+-10%. Results:
-
-- After a capacity step (100->25, 25->100, 100->10, 10->100, 20->1, 1->20, 50->200, 200->50
-  MiB/s) the window is within +-20% of capacity x ``drain_s`` within 1-8 fsyncs (1-14 before
-  the forgetting rules of 1 and 3 and the faster catch-up of 4).
-- In steady state it stays within 4.2% of its mean (9.2% with +-20% jitter).
-- After a 60 s stall it halves once, is back within 20% in 2 fsyncs (8-9 before), and never
-  exceeds 1.04x the pre-stall window.
-- In the bench's degrade scenario (20 -> 1 -> 20 MiB/s) it peaks at 50 MiB un-synced in the slow
-  phase against static's 256 MiB (0.20x) at the same throughput.
-- 2 or 8 hosts with the same settings on one FIFO target, joining together or a minute apart,
-  reach Jain >= 0.99 within 5 minutes. The exception is 2 hosts on a 400 MiB/s target: 0.82 at
-  5 minutes, 0.99 at 20. Convergence takes about W / (smoothing x step) fsyncs, slow for large
-  windows. From windows 64x apart: 0.72-1.0 at 5 minutes, 0.94-1.0 at 20.
-- A fleet's total window stays near capacity x ``drain_s`` (plus ``fair_step`` per host),
-  however many hosts share the target.
-
-Limits:
-
-- The target's base latency counts toward the drain time, so a target whose fsync round trip
-  approaches ``drain_s`` gets ``window_min``.
-- A slowdown is only seen when an fsync completes, so the data admitted before it (the window in
-  force then) still has to drain at the new speed, and a writer waits until it has drained to
-  the new window. In the degrade bench (20 -> 1 MiB/s, ``bench/results/2026-11-22-degrade-3``
-  and ``-4``) one write() waited 28-50 s in four runs (static: its 60 s admission_timeout; the
-  kernel's 64 MiB limit: 8 s). A smaller ``drain_s`` shortens that; syncing in smaller pieces
-  and letting writers trickle in while an oversized backlog drains would too (not built).
-- With the flusher's current rule (an fsync at ``batch`` dirty bytes or a full window), a window
-  below 2 x ``batch`` leaves the target idle while the writer refills it: 5% throughput at
-  20 MiB/s with a 400 MiB/s writer. Starting an fsync at half the window removes it (see
-  ``MountSpec.half_window``).
+Limits: the target's base latency counts toward the drain time, so a target whose fsync round
+trip approaches ``drain_s`` gets ``window_min``; and a slowdown is only seen when an fsync
+completes, so data admitted before it still drains at the new speed. The evidence for these rules
+(the model, the degrade bench, the design they replaced) is in docs/DESIGN.md, "Controllers",
+with the commands that reproduce it.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ SIGINT), runs in one order:
 
 from __future__ import annotations
 
-import errno
 import faulthandler
 import logging
 import os
@@ -451,4 +450,4 @@ def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
         own_cgroup.leave()
 
 
-__all__ = ["Daemon", "Mount", "build", "configure_logging", "errno", "serve"]
+__all__ = ["Daemon", "Mount", "build", "configure_logging", "serve"]

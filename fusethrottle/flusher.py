@@ -40,6 +40,7 @@ from .controller import Controller
 from .inodes import Inode, InodeTable
 from .kernel_pages import KernelPages
 from .ledger import SyncTicket, sync_trigger
+from .loglimit import LogLimiter
 from .pieces import writeback_piece
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class Flusher:
         self.fsyncs_total = 0
         self.fsync_errors_total = 0
         self.last_fsync_seconds = 0.0
-        self._logged_errors: dict[int, float] = {}
+        self._error_log = LogLimiter(60.0)  # one line per file a minute
         self._group: list[int] = []  # released small files waiting for the next group sync
         self._group_running = False
         budget.on_batch_ready = self.poke
@@ -274,10 +275,8 @@ class Flusher:
         self.poke()
 
     def _log_error(self, nodeid: int, reason: str, error: int, now: float) -> None:
-        last = self._logged_errors.get(nodeid)
-        if last is not None and now - last < 60.0:
+        if not self._error_log.allow(nodeid, now):
             return
-        self._logged_errors[nodeid] = now
         log.error(
             "injected fsync (%s) of inode %d failed: %s; data kept as un-synced, "
             "the error goes to the application's next write, fsync or close",

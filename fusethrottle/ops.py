@@ -32,6 +32,7 @@ from .budget import WriteBudget
 from .events import Events, NullEvents
 from .flusher import Flusher
 from .inodes import Inode, InodeTable
+from .loglimit import LogLimiter
 from .meter import OpClass
 
 log = logging.getLogger(__name__)
@@ -89,16 +90,11 @@ class _ErrorLog:
     )
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, int], float] = {}
+        self._limit = LogLimiter(_ERRNO_LOG_INTERVAL)
 
     def report(self, op: str, err: int, detail: str) -> None:
-        if err in self._QUIET:
+        if err in self._QUIET or not self._limit.allow((op, err), time.monotonic()):
             return
-        now = time.monotonic()
-        key = (op, err)
-        if now - self._last.get(key, -1e9) < _ERRNO_LOG_INTERVAL:
-            return
-        self._last[key] = now
         log.warning("target error in %s (%s): %s", op, detail, os.strerror(err))
 
 
