@@ -26,10 +26,11 @@ import pyfuse3
 import trio
 
 from . import _libc, sdnotify
-from .admission import Ceilings, WindowGate
+from .admission import WindowGate
 from .backend import ABANDON_KW as _ABANDON_KW
 from .backend import Backend, target_has_xattrs
 from .budget import WriteBudget
+from .ceilings import Ceilings
 from .controller import Controller, make_controller
 from .events import Events, NullEvents
 from .flusher import Flusher

@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from .admission import Ceilings
 from .backend import Backend, Created
 from .budget import WriteBudget
+from .ceilings import Ceilings
 from .events import Events, NullEvents
 from .flusher import Flusher
 from .inodes import Inode, InodeTable

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from fusethrottle.admission import BURST_SECONDS, Ceilings
+from fusethrottle.ceilings import BURST_SECONDS, Ceilings
 from fusethrottle.meter import Meter, OpClass, profile
 
 MiB = 1 << 20

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fusethrottle.ceilings import TokenBucket
 from fusethrottle.meter import (
     PROFILES,
     Charge,
     Meter,
     MeterProfile,
     OpClass,
-    TokenBucket,
     profile,
 )
 

@@ -1,0 +1,152 @@
+"""Optional EFS-style ceilings: metered bytes/s and op units/s, as token buckets.
+
+Separate from the window gate (admission.py), which bounds un-synced bytes: a ceiling bounds a
+rate, and it prices each request the way EFS bills it (meter.py), so a 1-byte write pays a full
+minimum. Every request waits for its tokens (a delayed reply, never an error).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import trio
+
+from .meter import Meter, OpClass
+
+#: A quarter of a second of budget may be spent at once: enough to absorb the jitter of a busy
+#: writer, small enough that the rate over any 10 s stays within a few percent of the limit.
+BURST_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class CeilingStatistics:
+    metered_limit: float
+    ops_limit: float
+    delayed_total: int
+    delay_seconds_total: float
+
+
+class Ceilings:
+    """Optional token-bucket ceilings on metered bytes/s and EFS op units/s.
+
+    Writes always pay before they go to the target (a delayed reply, never an error); reads and
+    metadata operations pay only when ``throttle_reads`` is set. The price of a request comes
+    from the meter's profile, so a 1-byte write costs a full 32 KiB under the ``efs`` profile.
+    """
+
+    def __init__(
+        self,
+        meter: Meter,
+        *,
+        metered_limit: float = 0.0,
+        ops_limit: float = 0.0,
+        throttle_reads: bool = False,
+        now: float = 0.0,
+    ) -> None:
+        self.meter = meter
+        self.throttle_reads = throttle_reads
+        self.metered_limit = metered_limit
+        self.ops_limit = ops_limit
+        self.bytes = TokenBucket(metered_limit, max(metered_limit * BURST_SECONDS, 1 << 20), now)
+        self.units = TokenBucket(ops_limit, max(ops_limit * BURST_SECONDS, 5.0), now)
+        self.delayed_total = 0
+        self.delay_seconds_total = 0.0
+
+    @property
+    def active(self) -> bool:
+        return not (self.bytes.unlimited and self.units.unlimited)
+
+    def applies_to(self, op: OpClass) -> bool:
+        return self.active and (op is OpClass.DATA_WRITE or self.throttle_reads)
+
+    def delay_for(self, now: float, op: OpClass, nbytes: int) -> float:
+        """Reserve the request's cost in both buckets; seconds it must wait (pure)."""
+        charge = self.meter.charge(op, nbytes)
+        return max(
+            self.bytes.delay_for(now, charge.metered_bytes),
+            self.units.delay_for(now, charge.units),
+        )
+
+    async def wait(self, op: OpClass, nbytes: int) -> float:
+        """Sleep until the request fits under the ceilings; returns the seconds waited."""
+        if not self.applies_to(op):
+            return 0.0
+        delay = self.delay_for(trio.current_time(), op, nbytes)
+        if delay > 0:
+            self.delayed_total += 1
+            self.delay_seconds_total += delay
+            try:
+                await trio.sleep(delay)
+            except BaseException:
+                # Cancelled (unmount): the request never reaches the target, so neither
+                # should its cost.
+                charge = self.meter.charge(op, nbytes)
+                now = trio.current_time()
+                self.bytes.refund(now, charge.metered_bytes)
+                self.units.refund(now, charge.units)
+                raise
+        return delay
+
+    def statistics(self) -> CeilingStatistics:
+        return CeilingStatistics(
+            self.metered_limit, self.ops_limit, self.delayed_total, self.delay_seconds_total
+        )
+
+
+class TokenBucket:
+    """A rate limit with a burst, as a reservation: callers are told how long to wait.
+
+    ``delay_for(now, amount)`` takes *amount* tokens at once and returns how long the caller
+    must sleep before using them. The balance may go negative (debt), for two reasons. A request
+    bigger than the burst still passes, after ``amount / rate`` seconds, instead of waiting
+    forever for a bucket that can never hold it. And each later caller waits behind the debt of
+    the earlier ones, so callers are served in arrival order and none is starved. Tokens are
+    computed from elapsed time, not counted per tick, so over a long run the amount passed is
+    exactly ``burst + rate x elapsed``.
+
+    A rate of 0 means unlimited. The bucket starts full.
+    """
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        if rate < 0:
+            raise ValueError("rate must not be negative")
+        if rate > 0 and burst <= 0:
+            raise ValueError("burst must be positive")
+        self.rate = float(rate)
+        self.burst = float(burst)
+        self._tokens = float(burst)
+        self._last = now
+
+    @property
+    def unlimited(self) -> bool:
+        return self.rate == 0
+
+    def _refill(self, now: float) -> None:
+        if now > self._last:
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+
+    def delay_for(self, now: float, amount: float) -> float:
+        """Reserve *amount* tokens; seconds to wait before they may be used (0: go now)."""
+        if self.unlimited or amount <= 0:
+            return 0.0
+        self._refill(now)
+        self._tokens -= amount
+        if self._tokens >= 0:
+            return 0.0
+        return -self._tokens / self.rate + max(self._last - now, 0.0)
+
+    def refund(self, now: float, amount: float) -> None:
+        """Give back a reservation that was not used (its waiter gave up or failed)."""
+        if self.unlimited or amount <= 0:
+            return
+        self._refill(now)
+        self._tokens = min(self.burst, self._tokens + amount)
+
+    def available(self, now: float) -> float:
+        """Tokens that could be taken now without waiting; negative while in debt."""
+        if self.unlimited:
+            return math.inf
+        self._refill(now)
+        return self._tokens
