@@ -45,20 +45,12 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+
+from fusethrottle.controller import Controller
 
 MiB = 1024 * 1024
 _EPS = 1e-9  # seconds
 _BYTE = 1.0  # sizes closer than a byte are equal
-
-
-class WindowController(Protocol):
-    """What the driver needs from a controller (both controllers in controller.py fit)."""
-
-    @property
-    def window(self) -> int: ...
-
-    def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -133,7 +125,7 @@ class ModelTarget:
 class MountSpec:
     """One simulated daemon: a controller plus its workload."""
 
-    controller: WindowController
+    controller: Controller
     batch: int = 64 * MiB
     writer_rate: float = 400 * MiB
     start: float = 0.0
@@ -360,7 +352,7 @@ def jain_index(values: Sequence[float]) -> float:
 
 # --- scenarios -------------------------------------------------------------------------------
 #: Builds mount *i*'s controller; a fresh one per run, because controllers keep state.
-ControllerFactory = Callable[[int], WindowController]
+ControllerFactory = Callable[[int], Controller]
 
 
 def run_step(

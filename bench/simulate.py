@@ -35,7 +35,13 @@ from typing import Any
 
 from bench import model as sim
 from bench.results import save_png
-from fusethrottle.controller import DEFAULT_DRAIN_S, AdaptiveController, StaticController
+from fusethrottle.controller import (
+    DEFAULT_DRAIN_S,
+    AdaptiveController,
+    Controller,
+    ControllerState,
+    StaticController,
+)
 
 MiB = 1024 * 1024
 BATCH = 64 * MiB
@@ -76,6 +82,21 @@ class FirstDesignController:
     def window(self) -> int:
         return int(self._w)
 
+    @property
+    def commit_rate(self) -> float | None:
+        return None  # it steered by fsync seconds per MiB, not by a rate
+
+    @property
+    def target_window(self) -> int | None:
+        return None
+
+    def on_error(self, now: float, errno: int) -> int:
+        return self.window
+
+    def snapshot(self) -> ControllerState:
+        recent = sum(self._short) / len(self._short) if self._short else None
+        return ControllerState("design-v0", self.window, self._long, recent, len(self._short), 0)
+
     def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int:
         if nbytes <= 0:
             return self.window
@@ -102,7 +123,7 @@ class FirstDesignController:
 @dataclass(frozen=True)
 class Arm:
     name: str
-    make: Callable[[int], sim.WindowController]
+    make: Callable[[int], Controller]
     half_window: bool = True
 
 
