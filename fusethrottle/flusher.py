@@ -2,9 +2,8 @@
 
 It fsyncs (fdatasync) a file when its dirty bytes reach ``batch``, when its oldest dirty byte is
 ``max_age`` old, when it is released with dirty data, and the largest file when writers are
-waiting at the gate or a quarter of the window is un-synced (``ledger.keep_target_busy``). One
-fsync per file at a time; many files in parallel, bounded by the backend's ``sync`` thread pool.
-Writing continues while earlier batches sync, which is what makes
+waiting at the gate. One fsync per file at a time; many files in parallel, bounded by the
+backend's ``sync`` thread pool. Writing continues while earlier batches sync, which is what makes
 the throttle nearly free when the target keeps up.
 
 Small files closed with dirty data (a tar or rsync of a tree closes thousands a second) are
@@ -40,7 +39,7 @@ from .budget import WriteBudget
 from .controller import Controller
 from .inodes import Inode, InodeTable
 from .kernel_pages import KernelPages
-from .ledger import SyncTicket, keep_target_busy, sync_trigger
+from .ledger import SyncTicket, sync_trigger
 from .loglimit import LogLimiter
 from .pieces import writeback_piece
 
@@ -138,11 +137,8 @@ class Flusher:
             batch=self.batch,
             window=self.window(),
             max_age=self.max_age,
-            pressure=keep_target_busy(
-                self.ledger.unsynced - self.ledger.reserved,  # landed: writes in flight excluded
-                self.window(),
-                self.budget.waiting,
-            ),
+            # Writers queued or paced: keep the target busy with the largest dirty file.
+            pressure=self.budget.waiting > 0 or self.ledger.unsynced * 2 >= self.window(),
         )
         for nodeid, reason in due:
             self.start(nodeid, reason)

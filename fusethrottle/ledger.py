@@ -32,18 +32,6 @@ def sync_trigger(batch: int, window: int) -> int:
     return max(1, min(batch, window // 2))
 
 
-def keep_target_busy(unsynced: int, window: int, writers_waiting: int) -> bool:
-    """Whether the next fsync should start now, below the trigger.
-
-    Yes when writers wait at the gate, or when a quarter of the window is un-synced: the writer
-    is outpacing the target, and waiting for the trigger after each fsync would leave the target
-    idle while the writer refills (one fsync per file at a time; the db-degrade bench lost 10% of
-    a 20 MiB/s target that way against the kernel's continuous writeback). A writer slower than
-    the target rarely holds a quarter of a window it does not fill, so it is not fsynced more.
-    """
-    return writers_waiting > 0 or unsynced * 4 >= window
-
-
 @dataclass
 class FileState:
     """One file's un-synced data."""
@@ -218,7 +206,7 @@ class Ledger:
         """Files whose dirty data should be fsynced now, with the reason, most urgent first.
 
         A file already being synced is left alone: one fsync per file at a time, the next one
-        starts when it ends. Under *pressure* (``keep_target_busy``) or with the window full, the
+        starts when it ends. Under window pressure (writers waiting, or the window full) the
         largest dirty file is flushed even below ``batch``.
         """
         ready = [

@@ -7,7 +7,7 @@ import errno
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from fusethrottle.ledger import Ledger, keep_target_busy
+from fusethrottle.ledger import Ledger
 
 FILES = st.integers(min_value=2, max_value=5)
 SIZES = st.integers(min_value=0, max_value=1 << 20)
@@ -118,25 +118,6 @@ def test_window_pressure_flushes_the_largest_file_below_batch() -> None:
         ledger.reserve(size)
         ledger.written(node, size, size, now=0.0)
     assert ledger.due(1.0, batch=64, window=1000, max_age=30.0, pressure=True) == [(3, "window")]
-
-
-def test_a_backup_outpacing_the_target_keeps_it_busy_between_fsyncs() -> None:
-    """A 20 MiB/s target, window 54 MiB: one fsync has just ended and 20 MiB arrived during it.
-    The trigger (half the window) is not reached, but waiting for it would idle the target."""
-    mib = 1 << 20
-    assert keep_target_busy(20 * mib, 54 * mib, writers_waiting=0)
-    ledger = Ledger()
-    ledger.reserve(20 * mib)
-    ledger.written(2, 20 * mib, 20 * mib, now=0.0)
-    pressure = keep_target_busy(ledger.unsynced, 54 * mib, 0)
-    due = ledger.due(0.1, batch=64 * mib, window=54 * mib, max_age=30.0, pressure=pressure)
-    assert due == [(2, "window")]
-
-
-def test_a_writer_slower_than_the_target_is_not_fsynced_more_often() -> None:
-    mib = 1 << 20
-    assert not keep_target_busy(3 * mib, 54 * mib, writers_waiting=0)
-    assert keep_target_busy(3 * mib, 54 * mib, writers_waiting=1)  # queued writers: always
 
 
 def test_one_sync_per_file_at_a_time() -> None:
