@@ -24,7 +24,6 @@ import errno
 import mmap
 import os
 import stat
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,7 +31,6 @@ from typing import Any, TypeVar
 import trio
 
 from . import _libc
-from .pieces import next_piece
 from .workers import WorkerPool
 
 T = TypeVar("T")
@@ -309,8 +307,7 @@ class SyncPlan:
     """How an injected sync goes easy on the target's queue and on the page cache.
 
     ``written`` is the byte range written since the file's previous sync began. It is written
-    back ``piece`` bytes at a time (then as each piece's own timing says, up to ``piece_max``;
-    see pieces.py), two pieces in flight, before the fdatasync that makes it
+    back ``piece`` bytes at a time, two pieces in flight, before the fdatasync that makes it
     durable: a page waits in the target's queue behind two pieces, not behind the whole batch
     (memory cgroup reclaim that meets a page under writeback waits for it). ``drop`` then evicts the
     range from the page cache: the target has it, and the backup never reads it again.
@@ -319,29 +316,20 @@ class SyncPlan:
     written: tuple[int, int] | None = None
     piece: int = 0
     drop: bool = False
-    piece_max: int = 0
 
 
-def _write_back_in_pieces(fd: int, lo: int, hi: int, piece: int, largest: int) -> int:
+def _write_back_in_pieces(fd: int, lo: int, hi: int, piece: int) -> None:
     """Two pieces in the target's queue at a time: the next one is started before the previous
     one is waited for, so the target never idles between pieces, and no page waits behind
-    more than two. Returns the piece size the timings settled on, for the next range."""
-    previous: tuple[int, int] | None = None
-    last = time.monotonic()
-    off = lo
-    while off < hi:
-        length = min(piece, hi - off)
-        _libc.start_writeback(fd, off, length)
+    more than two."""
+    previous: int | None = None
+    for off in range(lo, hi, piece):
+        _libc.start_writeback(fd, off, min(piece, hi - off))
         if previous is not None:
-            _libc.write_range_and_wait(fd, *previous)
-            now = time.monotonic()
-            piece = next_piece(piece, previous[1], now - last, largest)
-            last = now
-        previous = (off, length)
-        off += length
+            _libc.write_range_and_wait(fd, previous, piece)
+        previous = off
     if previous is not None:
-        _libc.write_range_and_wait(fd, *previous)
-    return piece
+        _libc.write_range_and_wait(fd, previous, min(piece, hi - previous))
 
 
 def _fsync_path(path_fd: int, datasync: bool, plan: SyncPlan | None = None) -> None:
@@ -352,12 +340,11 @@ def _fsync_path(path_fd: int, datasync: bool, plan: SyncPlan | None = None) -> N
     try:
         lo, hi = plan.written if plan and plan.written else (0, 0)
         if plan and plan.piece > 0:
-            largest = max(plan.piece_max, plan.piece)
-            piece = _write_back_in_pieces(fd, lo, hi, plan.piece, largest)
+            _write_back_in_pieces(fd, lo, hi, plan.piece)
             # What was written past the range while it was written back: also in pieces, or
             # the fdatasync would put all of it under writeback at once. (It is the next
             # sync's to account for; that one then finds it on the target already.)
-            _write_back_in_pieces(fd, hi, os.fstat(fd).st_size, piece, largest)
+            _write_back_in_pieces(fd, hi, os.fstat(fd).st_size, plan.piece)
         (os.fdatasync if datasync else os.fsync)(fd)
         if plan and plan.drop:
             # Whole file when the range is unknown (a released small file).

@@ -38,8 +38,8 @@ Rules, in order:
 4. Otherwise move ``smoothing`` of the way toward W*. Shrink only when the latest sample *and*
    the 5-sample mean both say "too big"; grow only when both say "too small", and only while at
    least half the window is in use (a writer slower than the target needs no bigger window).
-   When both say W* is at least ``tolerance`` x the window, move half of the way (after a stall
-   or a speed-up the window is far too small, and the backup loses time while it grows).
+   When both say W* is at least twice the window, move half of the way (after a stall or a
+   speed-up the window is far too small, and the target idles while it grows).
 5. Every update made while the window is in use and not held adds a small fixed step
    (``fair_step``, default ``minimum / 4``, at most W*/8): the additive half of AIMD. On a FIFO
    server a host's share follows its window, so W* is proportional to the window and without a
@@ -315,7 +315,7 @@ class AdaptiveController:
                 goal = fit_fast
             elif may_grow and fit_slow > w:
                 goal = min(fit_slow, 2 * w)
-                if fit_slow >= self.tolerance * w:  # clearly below what the target takes
+                if fit_slow >= 2 * w:  # far below what the target takes: catch up faster
                     smoothing = max(smoothing, 0.5)
             step = min(self.fair_step, fit_fast / 8) if may_grow else 0.0
             w += smoothing * (goal - w + step)

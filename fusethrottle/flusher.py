@@ -41,7 +41,6 @@ from .inodes import Inode, InodeTable
 from .kernel_pages import KernelPages
 from .ledger import SyncTicket, sync_trigger
 from .loglimit import LogLimiter
-from .pieces import writeback_piece
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +52,20 @@ GROUP_SYNC_MAX_BYTES = 1 << 20
 GROUP_SYNC_GATHER = 0.02
 #: At most this many files per group, so one group's thread call stays short.
 GROUP_SYNC_MAX_FILES = 256
+#: A writeback piece is this many seconds of the target's commit rate ...
+PIECE_SECONDS = 0.1
+#: ... but at least this (a smaller piece only adds system calls) ...
+PIECE_MIN = 128 << 10
+#: ... and until the rate is known, this.
+PIECE_UNKNOWN_RATE = 1 << 20
+
+
+def writeback_piece(commit_rate: float | None, trigger: int) -> int:
+    """Bytes written back at a time in an injected sync (whole pages; never above *trigger*,
+    the most one sync has to write)."""
+    want = PIECE_UNKNOWN_RATE if commit_rate is None else commit_rate * PIECE_SECONDS
+    piece = max(PIECE_MIN, min(int(want), trigger))
+    return max(PIECE_MIN, piece - piece % 4096)
 
 
 @dataclass(frozen=True)
@@ -166,9 +179,8 @@ class Flusher:
     def plan(self, inode: Inode) -> SyncPlan:
         """How the next injected sync of *inode* writes back and what it drops (takes the
         range written so far: later writes belong to the next sync)."""
-        largest = self.trigger()
-        piece = writeback_piece(self.controller.commit_rate, largest) if self.pieces else 0
-        return SyncPlan(inode.take_written(), piece, self.drop_synced, largest)
+        piece = writeback_piece(self.controller.commit_rate, self.trigger()) if self.pieces else 0
+        return SyncPlan(inode.take_written(), piece, self.drop_synced)
 
     def holds(self, nodeid: int) -> bool:
         """Whether an fsync of the file is queued or running (its descriptor must stay open)."""

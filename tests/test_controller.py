@@ -201,19 +201,6 @@ def test_a_stuck_window_is_unstuck_once_the_target_recovers() -> None:
     assert feed.run(30, rate=100 * MiB) == pytest.approx(300 * MiB, rel=0.15)
 
 
-def test_after_a_slow_phase_the_window_is_back_within_a_few_fsyncs() -> None:
-    """The degrade bench: 20 -> 1 -> 20 MiB/s. Every fsync while the window regrows is backup
-    time lost against the kernel's fixed limit, so once the target is clearly faster the window
-    closes half the gap per fsync, not a fifth."""
-    controller = adaptive(drain_s=2.5)
-    feed = Feed(controller)
-    steady = feed.run(20, rate=20 * MiB)
-    assert steady == pytest.approx(50 * MiB, rel=0.15)
-    assert feed.run(10, rate=1 * MiB) <= 1.2 * 16 * MiB
-    windows = [feed.run(1, rate=20 * MiB) for _ in range(6)]
-    assert windows[-1] >= 0.85 * steady, [w / MiB for w in windows]
-
-
 def test_the_target_window_is_what_the_metrics_show_as_w_star() -> None:
     controller = adaptive(drain_s=2.5)
     assert controller.target_window is None  # nothing measured yet

@@ -11,14 +11,8 @@ from hypothesis import strategies as st
 
 from bench.system import resident_bytes
 from fusethrottle.backend import SyncPlan, _fsync_path
+from fusethrottle.flusher import PIECE_MIN, PIECE_UNKNOWN_RATE, writeback_piece
 from fusethrottle.inodes import Inode
-from fusethrottle.pieces import (
-    PIECE_MIN,
-    PIECE_SECONDS,
-    PIECE_UNKNOWN_RATE,
-    next_piece,
-    writeback_piece,
-)
 
 MiB = 1 << 20
 
@@ -38,61 +32,6 @@ def test_a_piece_is_a_tenth_of_a_second_of_the_commit_rate() -> None:
     assert writeback_piece(1 * MiB, 64 * MiB) == PIECE_MIN  # 100 KiB is below the floor
     assert writeback_piece(None, 64 * MiB) == PIECE_UNKNOWN_RATE
     assert writeback_piece(2e9, 64 * MiB) == 64 * MiB  # never more than one sync writes
-
-
-@given(
-    st.integers(min_value=0, max_value=1 << 32),
-    st.integers(min_value=0, max_value=1 << 30),
-    st.floats(min_value=0, max_value=1e4),
-    st.integers(min_value=1, max_value=1 << 32),
-)
-def test_a_later_piece_is_whole_pages_within_bounds(
-    piece: int, nbytes: int, seconds: float, largest: int
-) -> None:
-    after = next_piece(piece, nbytes, seconds, largest)
-    assert after % 4096 == 0
-    assert PIECE_MIN <= after <= max(PIECE_MIN, largest)
-
-
-def _recover(piece: int, rate: float, round_trip: float, total: int, largest: int) -> float:
-    """Seconds to write back *total* bytes in pieces on a target of *rate* bytes/s whose every
-    piece also costs *round_trip* seconds (a model of the loop: piece sizes follow next_piece)."""
-    elapsed, done = 0.0, 0
-    while done < total:
-        length = min(piece, total - done)
-        seconds = length / rate + round_trip
-        elapsed += seconds
-        done += length
-        piece = next_piece(piece, length, seconds, largest)
-    return elapsed
-
-
-def test_pieces_catch_up_within_a_sync_when_the_target_comes_back() -> None:
-    """A sync sized by a 1 MiB/s past (128 KiB pieces) meets a 20 MiB/s target with 10 ms per
-    round trip: kept at 128 KiB it would deliver 8 MiB/s; growing, it delivers near 20."""
-    total = 32 * MiB
-    fixed = total / (20 * MiB) + (total / PIECE_MIN) * 0.01
-    adaptive = _recover(PIECE_MIN, 20 * MiB, 0.01, total, 64 * MiB)
-    assert total / adaptive > 16 * MiB > total / fixed
-
-
-def test_pieces_shrink_at_once_when_the_target_slows() -> None:
-    """2 MiB pieces (20 MiB/s) meeting a 1 MiB/s target: the next piece is a tenth of a second
-    of the new rate, so no page waits 2 s behind its piece."""
-    assert next_piece(2 * MiB, 2 * MiB, 2.0, 64 * MiB) == PIECE_MIN
-    assert (
-        next_piece(8 * MiB, 8 * MiB, 2.0, 64 * MiB) == int(4 * MiB * PIECE_SECONDS) // 4096 * 4096
-    )
-    assert next_piece(2 * MiB, 2 * MiB, PIECE_SECONDS, 64 * MiB) == 2 * MiB  # on target: keep
-
-
-def test_a_piece_that_was_clean_already_does_not_grow_the_next() -> None:
-    """The run past a sync's range leaves the next sync's first pieces clean: they return in
-    microseconds, and doubling on them would put the whole batch under writeback at once."""
-    piece = PIECE_MIN
-    for _ in range(20):
-        piece = next_piece(piece, piece, 50e-6, 64 * MiB)
-    assert piece == PIECE_MIN
 
 
 def test_the_written_range_grows_is_taken_once_and_comes_back_after_a_failure() -> None:
