@@ -42,6 +42,7 @@ from fusethrottle.controller import (
     ControllerState,
     StaticController,
 )
+from fusethrottle.stats import percentile as nearest_rank
 
 MiB = 1024 * 1024
 BATCH = 64 * MiB
@@ -149,10 +150,8 @@ def expected_window(capacity: float) -> float:
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+    """Nearest rank of unsorted *values*, *q* in 0..1 (fusethrottle.stats.percentile)."""
+    return nearest_rank(sorted(values), q)
 
 
 def longest_block(trace: sim.MountTrace, start: float, end: float) -> float:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from fusethrottle.stats import percentile as nearest_rank
+
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile of an already sorted sequence (q in 0..100); NaN when empty.
 
-    Nearest rank, not interpolation: p99 of 200 samples is the 2nd worst one actually seen.
+    The daemon's definition (:func:`fusethrottle.stats.percentile`), so a bench p99 and a
+    ``fusethrottle status`` p99 are the same statistic; here in percent and as a float, with NaN
+    for no samples, because reports and tables want a number in every cell.
     """
-    n = len(sorted_values)
-    if n == 0:
-        return math.nan
-    rank = min(n - 1, max(0, math.ceil(q / 100 * n) - 1))
-    return float(sorted_values[rank])
+    value = nearest_rank(sorted_values, q / 100)
+    return math.nan if value is None else float(value)
 
 
 def median(values: Sequence[float]) -> float:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from fusethrottle.mountinfo import mounts
+
 log = logging.getLogger(__name__)
 
 # tmpfs: logs and the tar source never touch a disk being measured. Per user, so an
@@ -203,11 +205,9 @@ def mount_entry(path: str | Path) -> tuple[str, str] | None:
     stat blocks in the kernel, and so would the harness.
     """
     found = None
-    for line in read_text("/proc/self/mountinfo").splitlines():
-        left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) > 4 and fields[4] == str(path):
-            found = (fields[2], right.split()[0] if right else "")
+    for entry in mounts():  # the last one mounted at *path* is the one on top
+        if entry.mountpoint == str(path):
+            found = (entry.device, entry.fstype)
     return found
 
 

@@ -19,18 +19,36 @@ account for it the way EFS bills it.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import mmap
 import os
-import stat
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
 
 from . import _libc
+from .target_calls import (
+    Created,
+    SyncPlan,
+    _aligned_pread,
+    _aligned_pwrite,
+    _close_all,
+    _create_file,
+    _dir_stats,
+    _drop_capability,
+    _flush,
+    _fsync_dir,
+    _fsync_path,
+    _has_capability,
+    _list_entries,
+    _listxattr,
+    _lookup,
+    _make,
+    _readlink,
+    _reopen,
+    _setattr,
+    proc_path,
+)
 from .workers import WorkerPool
 
 T = TypeVar("T")
@@ -40,8 +58,6 @@ O_PATH = os.O_PATH
 CLOSE_GATHER = 0.02
 #: Longest a batch of closes may hold up a shutdown (see Backend.run_closer).
 CLOSE_GRACE = 5.0
-# Flags that make sense when *creating* a path but must not reach a re-open through /proc.
-_REOPEN_STRIP = os.O_CREAT | os.O_EXCL | os.O_NOCTTY | os.O_NOFOLLOW
 
 Observer = Callable[[str, int], None]
 
@@ -57,317 +73,6 @@ except (TypeError, ValueError):  # pragma: no cover - signature always available
     _ABANDON = "cancellable"
 #: Keyword arguments that let a cancelled caller leave a thread stuck on the target behind.
 ABANDON_KW = {_ABANDON: True}
-
-
-def proc_path(fd: int) -> bytes:
-    """The magic link that reopens whatever *fd* refers to."""
-    return b"/proc/self/fd/%d" % fd
-
-
-@dataclass(frozen=True)
-class Created:
-    """A newly created or looked-up object: an O_PATH fd for the inode table plus its stat."""
-
-    path_fd: int
-    st: os.stat_result
-
-
-def _lookup(dir_fd: int, name: bytes) -> Created:
-    fd = os.open(name, O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        return Created(fd, os.fstat(fd))
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _needs_chown(st: os.stat_result, uid: int, gid: int) -> tuple[int, int]:
-    return (uid if st.st_uid != uid else -1, gid if st.st_gid != gid else -1)
-
-
-def _own(
-    path_fd: int, st: os.stat_result, owner: tuple[int, int] | None, mode: int | None
-) -> os.stat_result:
-    """Give a new object to the calling user, keeping setgid-directory group inheritance.
-
-    chown clears set-user/group-ID bits on regular files, so the requested mode is restored.
-    """
-    if owner is None:
-        return st
-    uid, gid = owner
-    want_uid, want_gid = _needs_chown(st, uid, gid)
-    if want_uid == -1 and want_gid == -1:
-        return st
-    _libc.fchown_empty(path_fd, want_uid, want_gid)
-    if mode is not None and mode & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISLNK(st.st_mode):
-        os.chmod(proc_path(path_fd), stat.S_IMODE(mode))
-    return os.fstat(path_fd)
-
-
-def _owner_for(dir_fd: int, uid: int, gid: int) -> tuple[int, int]:
-    """New objects in a setgid directory inherit its group, as the kernel would do."""
-    parent = os.fstat(dir_fd)
-    if parent.st_mode & stat.S_ISGID:
-        return uid, parent.st_gid
-    return uid, gid
-
-
-def _create_file(
-    dir_fd: int, name: bytes, flags: int, mode: int, owner: tuple[int, int] | None
-) -> tuple[int, Created]:
-    """Create *name* and open it; a name that exists already is never taken over.
-
-    The kernel sends CREATE only after its own lookup missed. If the name exists now (another
-    NFS client made it in between), opening it here would skip the kernel's permission check
-    and chown someone else's file to the caller. ESTALE makes the kernel look the name up again
-    and open the existing file the normal way; O_EXCL callers get their EEXIST.
-    """
-    if owner is not None:
-        owner = _owner_for(dir_fd, *owner)
-    try:
-        fd = os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode, dir_fd=dir_fd)
-    except FileExistsError:
-        if flags & os.O_EXCL:
-            raise
-        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE)) from None
-    try:
-        path_fd = os.open(proc_path(fd), O_PATH | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            # A target that refuses chown (e.g. NFS root_squash) keeps what it made, as in _make.
-            with contextlib.suppress(PermissionError):
-                st = _own(path_fd, st, owner, mode)
-        except BaseException:
-            os.close(path_fd)
-            raise
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, Created(path_fd, st)
-
-
-def _make(
-    kind: str, dir_fd: int, name: bytes, mode: int, arg: Any, owner: tuple[int, int] | None
-) -> Created:
-    if owner is not None:
-        owner = _owner_for(dir_fd, *owner)
-    if kind == "mkdir":
-        os.mkdir(name, mode, dir_fd=dir_fd)
-    elif kind == "mknod":
-        os.mknod(name, mode, arg, dir_fd=dir_fd)
-    elif kind == "symlink":
-        os.symlink(arg, name, dir_fd=dir_fd)
-    else:  # pragma: no cover - programming error
-        raise ValueError(kind)
-    created = _lookup(dir_fd, name)
-    try:
-        st = _own(created.path_fd, created.st, owner, None if kind == "symlink" else mode)
-    except OSError as err:
-        if err.errno != errno.EPERM:
-            raise
-        st = created.st  # target refuses chown (e.g. NFS root_squash): keep what it made
-    return Created(created.path_fd, st)
-
-
-def _reopen(path_fd: int, flags: int) -> int:
-    return os.open(proc_path(path_fd), (flags & ~_REOPEN_STRIP) | os.O_CLOEXEC)
-
-
-def _setattr(
-    path_fd: int,
-    fd: int | None,
-    mode: int | None,
-    uid: int | None,
-    gid: int | None,
-    size: int | None,
-    atime_ns: int | None,
-    mtime_ns: int | None,
-) -> os.stat_result:
-    st = os.fstat(path_fd)
-    is_link = stat.S_ISLNK(st.st_mode)
-    if mode is not None and not is_link:
-        if fd is not None:
-            os.fchmod(fd, mode)
-        else:
-            os.chmod(proc_path(path_fd), mode)
-    if uid is not None or gid is not None:
-        _libc.fchown_empty(path_fd, -1 if uid is None else uid, -1 if gid is None else gid)
-    if size is not None:
-        if fd is not None:
-            os.ftruncate(fd, size)
-        else:
-            os.truncate(proc_path(path_fd), size)
-    if atime_ns is not None or mtime_ns is not None:
-        _libc.utimens_empty(path_fd, atime_ns, mtime_ns)
-    return os.fstat(path_fd)
-
-
-def _list_entries(
-    dir_fd: int, names: list[bytes] | None, start: int, count: int
-) -> tuple[list[bytes], list[tuple[int, bytes, Created]]]:
-    """Snapshot a directory's names (once) and look up ``count`` of them from ``start``.
-
-    Entries that vanished since the snapshot are skipped rather than failing the listing.
-    """
-    if names is None:
-        names = [b".", b"..", *(os.fsencode(n) for n in os.listdir(dir_fd))]
-    out: list[tuple[int, bytes, Created]] = []
-    index = start
-    while index < len(names) and len(out) < count:
-        name = names[index]
-        index += 1
-        try:
-            if name in (b".", b".."):
-                # Shown to readdir only; never registered (the kernel takes no reference).
-                out.append((index, name, Created(-1, os.stat(name, dir_fd=dir_fd))))
-            else:
-                out.append((index, name, _lookup(dir_fd, name)))
-        except FileNotFoundError:
-            continue
-    return names, out
-
-
-_NOT_SUPPORTED = (errno.ENOTSUP, errno.EOPNOTSUPP)
-CAPABILITY = b"security.capability"
-
-
-def target_has_xattrs(root_fd: int) -> bool:
-    """Whether the target stores extended attributes at all (NFSv3 and EFS do not).
-
-    Asks for two names that are normally absent: a target with xattrs says ENODATA, one without
-    says EOPNOTSUPP for both (NFS may support user.* but not security.*; that counts as support).
-    """
-    for name in (b"user.fusethrottle.probe", CAPABILITY):
-        try:
-            os.getxattr(proc_path(root_fd), name)
-            return True
-        except OSError as err:
-            if err.errno not in _NOT_SUPPORTED:
-                return True
-    return False
-
-
-def _has_capability(fd: int) -> bool:
-    try:
-        os.getxattr(fd, CAPABILITY)
-        return True
-    except OSError:
-        return False
-
-
-def _drop_capability(fd: int) -> None:
-    """What the kernel does on a write when it can ask about xattrs (file_remove_privs)."""
-    try:
-        os.removexattr(fd, CAPABILITY)
-    except OSError as err:
-        if err.errno not in (errno.ENODATA, *_NOT_SUPPORTED):
-            raise
-
-
-def _dir_stats(dir_fds: tuple[int, ...]) -> list[os.stat_result]:
-    """The directories' attributes right after we changed them (for getattr to answer from)."""
-    stats = []
-    for fd in dict.fromkeys(dir_fds):
-        with contextlib.suppress(OSError):
-            stats.append(os.fstat(fd))
-    return stats
-
-
-def _aligned_pwrite(fd: int, data: bytes, offset: int) -> int:
-    """O_DIRECT needs a page-aligned buffer; an anonymous mmap is one."""
-    if not data:
-        return 0
-    with mmap.mmap(-1, len(data)) as buf:
-        buf.write(data)
-        return os.pwritev(fd, [buf], offset)
-
-
-def _aligned_pread(fd: int, size: int, offset: int) -> bytes:
-    if size <= 0:
-        return b""
-    with mmap.mmap(-1, size) as buf:
-        n = os.preadv(fd, [buf], offset)
-        return buf[:n]
-
-
-def _flush(fd: int) -> None:
-    # close() of a duplicate is what NFS uses to write back and report errors on close(2),
-    # without giving up the descriptor the kernel will release later.
-    os.close(os.dup(fd))
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):  # nobody is told: the kernel ignores release errors
-            os.close(fd)
-
-
-@dataclass(frozen=True)
-class SyncPlan:
-    """How an injected sync goes easy on the target's queue and on the page cache.
-
-    ``written`` is the byte range written since the file's previous sync began. It is written
-    back ``piece`` bytes at a time, two pieces in flight, before the fdatasync that makes it
-    durable: a page waits in the target's queue behind two pieces, not behind the whole batch
-    (memory cgroup reclaim that meets a page under writeback waits for it). ``drop`` then evicts the
-    range from the page cache: the target has it, and the backup never reads it again.
-    """
-
-    written: tuple[int, int] | None = None
-    piece: int = 0
-    drop: bool = False
-
-
-def _write_back_in_pieces(fd: int, lo: int, hi: int, piece: int) -> None:
-    """Two pieces in the target's queue at a time: the next one is started before the previous
-    one is waited for, so the target never idles between pieces, and no page waits behind
-    more than two."""
-    previous: int | None = None
-    for off in range(lo, hi, piece):
-        _libc.start_writeback(fd, off, min(piece, hi - off))
-        if previous is not None:
-            _libc.write_range_and_wait(fd, previous, piece)
-        previous = off
-    if previous is not None:
-        _libc.write_range_and_wait(fd, previous, min(piece, hi - previous))
-
-
-def _fsync_path(path_fd: int, datasync: bool, plan: SyncPlan | None = None) -> None:
-    try:
-        fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_CLOEXEC)
-    except PermissionError:  # a write-only file and an unprivileged daemon
-        fd = os.open(proc_path(path_fd), os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        lo, hi = plan.written if plan and plan.written else (0, 0)
-        if plan and plan.piece > 0:
-            _write_back_in_pieces(fd, lo, hi, plan.piece)
-            # What was written past the range while it was written back: also in pieces, or
-            # the fdatasync would put all of it under writeback at once. (It is the next
-            # sync's to account for; that one then finds it on the target already.)
-            _write_back_in_pieces(fd, hi, os.fstat(fd).st_size, plan.piece)
-        (os.fdatasync if datasync else os.fsync)(fd)
-        if plan and plan.drop:
-            # Whole file when the range is unknown (a released small file).
-            os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path_fd: int, datasync: bool) -> None:
-    fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        (os.fdatasync if datasync else os.fsync)(fd)
-    finally:
-        os.close(fd)
-
-
-def _listxattr(path_fd: int) -> list[bytes]:
-    try:
-        return [os.fsencode(n) for n in os.listxattr(proc_path(path_fd))]
-    except OSError as err:
-        if err.errno in (errno.ENOTSUP, errno.EPERM) and stat.S_ISLNK(os.fstat(path_fd).st_mode):
-            return []
-        raise
 
 
 class Backend:
@@ -666,7 +371,3 @@ class Backend:
 
     async def close_dir(self, fd: int) -> None:
         await self._run(self.meta, os.close, fd)
-
-
-def _readlink(path_fd: int) -> bytes:
-    return os.readlink(b"", dir_fd=path_fd)

@@ -28,7 +28,7 @@ import trio
 from . import _libc, sdnotify
 from .admission import WindowGate
 from .backend import ABANDON_KW as _ABANDON_KW
-from .backend import Backend, target_has_xattrs
+from .backend import Backend
 from .budget import WriteBudget
 from .ceilings import Ceilings
 from .controller import Controller, make_controller
@@ -43,6 +43,7 @@ from .meter import Meter, profile_for
 from .mountinfo import find_mount
 from .ops import Operations
 from .options import Config, memory_cgroup_limit
+from .target_calls import target_has_xattrs
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ class Mount:
     controller: Controller
     events: Events
     ceilings: Ceilings
+    #: The mount's one meter: the ceilings price requests with it, the metrics count into it.
+    meter: Meter
     kernel_cache: KernelCache
     #: The bound in force on everything un-synced (kernel cache + target), slow start included.
     window: Callable[[], int]
@@ -89,10 +92,19 @@ def effective_window(window: int, commit_rate: float | None) -> int:
 
 
 def build(
-    config: Config, events: Events | None = None, observer: Callable[[str, int], None] | None = None
+    config: Config,
+    events: Events | None = None,
+    observer: Callable[[str, int], None] | None = None,
+    meter: Meter | None = None,
 ) -> Mount:
-    """Assemble a mount's parts; the root of SOURCE is opened here (it must exist)."""
+    """Assemble a mount's parts; the root of SOURCE is opened here (it must exist).
+
+    *meter*: the mount's one Meter, when the caller already counts into it (the metrics' target
+    observer does); otherwise one is made from the config's profile.
+    """
     events = events or NullEvents()
+    if meter is None:
+        meter = Meter(profile_for(config))
     backend = Backend(config.threads, observer=observer)
     root_fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     inodes = InodeTable(root_fd, os.fstat(root_fd))
@@ -154,7 +166,7 @@ def build(
     )
     flusher_ref.append(flusher)
     ceilings = Ceilings(
-        Meter(profile_for(config)),
+        meter,
         metered_limit=config.metered_limit,
         ops_limit=config.ops_limit,
         throttle_reads=config.throttle_reads,
@@ -182,6 +194,7 @@ def build(
         controller,
         events,
         ceilings,
+        meter,
         kernel_cache,
         total_window,
         kernel_pages,
@@ -437,8 +450,9 @@ def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
     else:
         own_cgroup.reason = "memory_cgroup=off"
     try:
-        events, observer, extra = attach_metrics(config)
-        mount = build(config, events, observer)
+        meter = Meter(profile_for(config))  # one per mount: the ceilings' and the metrics'
+        events, observer, extra = attach_metrics(config, meter)
+        mount = build(config, events, observer, meter)
         mount.memory_cgroup = own_cgroup
         daemon = Daemon(mount, on_ready)
         daemon.extra_tasks = extra(mount)

@@ -34,13 +34,14 @@ from dataclasses import dataclass
 
 import trio
 
-from .backend import Backend, SyncPlan
+from .backend import Backend
 from .budget import WriteBudget
 from .controller import Controller
 from .inodes import Inode, InodeTable
 from .kernel_pages import KernelPages
 from .ledger import SyncTicket, sync_trigger
 from .loglimit import LogLimiter
+from .target_calls import SyncPlan
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .mountinfo import MountInfo
+from .mountinfo import MountInfo, mounts
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +52,11 @@ class Hierarchy:
         return "memory.limit_in_bytes" if self.version == 1 else "memory.max"
 
 
-def find_hierarchy(
-    proc_cgroup: str, mounts: list[MountInfo], super_options: dict[str, str]
-) -> Hierarchy | None:
+def find_hierarchy(proc_cgroup: str, mounts: list[MountInfo]) -> Hierarchy | None:
     """The memory hierarchy this process is in, from /proc/self/cgroup and the mount table.
 
-    *super_options* maps a cgroup mount point to its super options (``rw,memory``): cgroup v1
-    names its controllers there. v1's ``memory`` wins over v2 on a hybrid host, where the
-    unified hierarchy has no memory controller."""
+    cgroup v1 names a mount's controllers in its super options (``rw,memory``). v1's ``memory``
+    wins over v2 on a hybrid host, where the unified hierarchy has no memory controller."""
     v1_path = v2_path = None
     for line in proc_cgroup.splitlines():
         parts = line.split(":", 2)
@@ -72,7 +69,7 @@ def find_hierarchy(
             v2_path = path
     if v1_path is not None:
         for m in mounts:
-            if m.fstype == "cgroup" and "memory" in super_options.get(m.mountpoint, "").split(","):
+            if m.fstype == "cgroup" and m.super_option("memory") is not None:
                 return Hierarchy(1, Path(m.mountpoint), Path(m.mountpoint) / v1_path.lstrip("/"))
         return None
     if v2_path is not None:
@@ -110,7 +107,7 @@ class OwnMemoryCgroup:
         """Create the cgroup and move the whole process into it; False (with :attr:`reason`)
         when the host does not allow it."""
         try:
-            hierarchy = find_hierarchy(Path("/proc/self/cgroup").read_text(), *_cgroup_mounts())
+            hierarchy = find_hierarchy(Path("/proc/self/cgroup").read_text(), mounts())
         except OSError as err:
             return self._stay(f"cannot read the cgroup layout: {err.strerror}")
         if hierarchy is None:
@@ -166,21 +163,6 @@ class OwnMemoryCgroup:
     def _stay(self, reason: str) -> bool:
         self.reason = reason  # logged once mounted; status shows it
         return False
-
-
-def _cgroup_mounts() -> tuple[list[MountInfo], dict[str, str]]:
-    """cgroup and cgroup2 mounts, with each one's super options (v1 lists controllers there)."""
-    found: list[MountInfo] = []
-    options: dict[str, str] = {}
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields, rest = left.split(), right.split()
-            if len(fields) < 5 or len(rest) < 3 or rest[0] not in ("cgroup", "cgroup2"):
-                continue
-            found.append(MountInfo(fields[4], fields[2], rest[0], rest[1]))
-            options[fields[4]] = rest[2]
-    return found, options
 
 
 def _enable_memory(cgroup: Path) -> None:

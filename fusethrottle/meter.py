@@ -57,6 +57,52 @@ class OpClass(enum.Enum):
         return self in (OpClass.DATA_READ, OpClass.DATA_WRITE)
 
 
+#: The metering class of each metadata request, by FUSE operation name: the one table the
+#: ceilings (ops.py) and the metrics use. read and write are data; fsync, flush, release and
+#: forget never wait at a ceiling, and anything not listed is metered as a metadata write.
+METADATA_CLASS: dict[str, OpClass] = {
+    **dict.fromkeys(
+        (
+            "lookup",
+            "getattr",
+            "readlink",
+            "opendir",
+            "readdir",
+            "statfs",
+            "getxattr",
+            "listxattr",
+            "open",
+        ),
+        OpClass.META_READ,
+    ),
+    **dict.fromkeys(
+        (
+            "setattr",
+            "mknod",
+            "mkdir",
+            "symlink",
+            "unlink",
+            "rmdir",
+            "rename",
+            "link",
+            "setxattr",
+            "removexattr",
+            "create",
+        ),
+        OpClass.META_WRITE,
+    ),
+}
+
+
+def op_class(op: str) -> OpClass:
+    """The metering class of an operation on the target, by name (see METADATA_CLASS)."""
+    if op == "write":
+        return OpClass.DATA_WRITE
+    if op == "read":
+        return OpClass.DATA_READ
+    return METADATA_CLASS.get(op, OpClass.META_WRITE)
+
+
 @dataclass(frozen=True)
 class MeterProfile:
     """How requests are metered; see the module docstring."""

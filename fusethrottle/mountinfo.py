@@ -1,13 +1,17 @@
 """Read /proc/self/mountinfo: is a path a mount point, of which type, which device.
 
-Used to refuse a busy or stale mountpoint before mounting, and to notice an unmount without
-asking the mount itself (a stat through a stale mount would hang or fail).
+Used to refuse a busy or stale mountpoint before mounting, to notice an unmount without asking
+the mount itself (a stat through a stale mount would hang or fail), and by ``fusethrottle
+status`` to find the device and owner of the mount a path is on.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+MOUNTINFO = "/proc/self/mountinfo"
 
 
 @dataclass(frozen=True)
@@ -16,6 +20,19 @@ class MountInfo:
     device: str  # "major:minor"
     fstype: str
     source: str
+    super_options: str = ""  # the filesystem's own options, e.g. "rw,user_id=0,group_id=0"
+
+    def super_option(self, name: str) -> str | None:
+        """The value of super option *name* ("" for a bare flag), None when absent.
+
+        FUSE records who mounted it as ``user_id=``, which says whose runtime directory the
+        daemon's status socket is in, without asking the mount.
+        """
+        for option in self.super_options.split(","):
+            key, sep, value = option.partition("=")
+            if key == name:
+                return value if sep else ""
+        return None
 
 
 def _unescape(field: str) -> str:
@@ -31,17 +48,31 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def mounts(path: str = "/proc/self/mountinfo") -> list[MountInfo]:
+def parse(text: str) -> list[MountInfo]:
+    """Every well-formed line of a mountinfo file, in the kernel's order (later on top)."""
     result = []
-    with open(path) as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields = left.split()
-            rest = right.split()
-            if len(fields) < 5 or len(rest) < 2:
-                continue
-            result.append(MountInfo(_unescape(fields[4]), fields[2], rest[0], _unescape(rest[1])))
+    for line in text.splitlines():
+        # Optional fields ("shared:1", ...) sit before the " - " separator, so split there.
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        rest = right.split()
+        if len(fields) < 5 or len(rest) < 2:
+            continue
+        result.append(
+            MountInfo(
+                _unescape(fields[4]),
+                fields[2],
+                rest[0],
+                _unescape(rest[1]),
+                rest[2] if len(rest) > 2 else "",
+            )
+        )
     return result
+
+
+def mounts(path: str = MOUNTINFO) -> list[MountInfo]:
+    with open(path) as f:
+        return parse(f.read())
 
 
 def find_mount(
@@ -63,3 +94,19 @@ def find_mount(
             continue
         found = info
     return found
+
+
+def containing_mount(path: str, table: Sequence[MountInfo]) -> MountInfo | None:
+    """The mount *path* is on: the topmost one at *path* or its nearest mounted ancestor.
+
+    Pure string work on an absolute, already resolved *path*, for the same reason as
+    find_mount. Of mounts on the same directory the later one in *table* is on top.
+    """
+    best: MountInfo | None = None
+    for entry in table:
+        mp = entry.mountpoint
+        if (path == mp or path.startswith(mp.rstrip("/") + "/")) and (
+            best is None or len(mp) >= len(best.mountpoint)
+        ):
+            best = entry
+    return best

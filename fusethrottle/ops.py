@@ -26,14 +26,15 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from .backend import Backend, Created
+from .backend import Backend
 from .budget import WriteBudget
 from .ceilings import Ceilings
 from .events import Events, NullEvents
 from .flusher import Flusher
 from .inodes import Inode, InodeTable
 from .loglimit import LogLimiter
-from .meter import OpClass
+from .meter import METADATA_CLASS, OpClass
+from .target_calls import Created
 
 log = logging.getLogger(__name__)
 
@@ -98,47 +99,11 @@ class _ErrorLog:
         log.warning("target error in %s (%s): %s", op, detail, os.strerror(err))
 
 
-# Metadata requests that pay the EFS ceilings when the user asks reads/metadata to be throttled.
-# fsync, flush, release and forget never wait for anything; read and write pay by size.
-_METADATA_CLASS = {
-    **dict.fromkeys(
-        (
-            "lookup",
-            "getattr",
-            "readlink",
-            "opendir",
-            "readdir",
-            "statfs",
-            "getxattr",
-            "listxattr",
-            "open",
-        ),
-        OpClass.META_READ,
-    ),
-    **dict.fromkeys(
-        (
-            "setattr",
-            "mknod",
-            "mkdir",
-            "symlink",
-            "unlink",
-            "rmdir",
-            "rename",
-            "link",
-            "setxattr",
-            "removexattr",
-            "create",
-        ),
-        OpClass.META_WRITE,
-    ),
-}
-
-
 def _replies(fn: F) -> F:
     """Every handler ends in a reply or a FUSEError, whatever happens inside it."""
     op = fn.__name__
 
-    charged = _METADATA_CLASS.get(op)
+    charged = METADATA_CLASS.get(op)
 
     @functools.wraps(fn)
     async def handler(self: Operations, *args: Any) -> Any:

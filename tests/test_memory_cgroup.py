@@ -13,19 +13,14 @@ HYBRID_CGROUP = """12:memory:/process_api/7a7f
 0::/user.slice/session-3.scope
 """
 HYBRID_MOUNTS = [
-    MountInfo("/sys/fs/cgroup/memory", "0:30", "cgroup", "cgroup"),
-    MountInfo("/sys/fs/cgroup/blkio", "0:31", "cgroup", "cgroup"),
-    MountInfo("/sys/fs/cgroup/unified", "0:27", "cgroup2", "cgroup2"),
+    MountInfo("/sys/fs/cgroup/memory", "0:30", "cgroup", "cgroup", "rw,memory"),
+    MountInfo("/sys/fs/cgroup/blkio", "0:31", "cgroup", "cgroup", "rw,blkio"),
+    MountInfo("/sys/fs/cgroup/unified", "0:27", "cgroup2", "cgroup2", "rw,nsdelegate"),
 ]
-HYBRID_OPTIONS = {
-    "/sys/fs/cgroup/memory": "rw,memory",
-    "/sys/fs/cgroup/blkio": "rw,blkio",
-    "/sys/fs/cgroup/unified": "rw,nsdelegate",
-}
 
 
 def test_on_a_hybrid_host_the_v1_memory_hierarchy_is_the_one() -> None:
-    h = find_hierarchy(HYBRID_CGROUP, HYBRID_MOUNTS, HYBRID_OPTIONS)
+    h = find_hierarchy(HYBRID_CGROUP, HYBRID_MOUNTS)
     assert h == Hierarchy(
         1, Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/memory/process_api/7a7f")
     )
@@ -33,8 +28,8 @@ def test_on_a_hybrid_host_the_v1_memory_hierarchy_is_the_one() -> None:
 
 
 def test_on_a_unified_host_the_v2_hierarchy_is_the_one() -> None:
-    mounts = [MountInfo("/sys/fs/cgroup", "0:27", "cgroup2", "cgroup2")]
-    h = find_hierarchy("0::/system.slice/backup.scope\n", mounts, {"/sys/fs/cgroup": "rw"})
+    mounts = [MountInfo("/sys/fs/cgroup", "0:27", "cgroup2", "cgroup2", "rw")]
+    h = find_hierarchy("0::/system.slice/backup.scope\n", mounts)
     assert h == Hierarchy(
         2, Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/system.slice/backup.scope")
     )
@@ -42,8 +37,8 @@ def test_on_a_unified_host_the_v2_hierarchy_is_the_one() -> None:
 
 
 def test_no_memory_hierarchy_mounted_means_none() -> None:
-    assert find_hierarchy(HYBRID_CGROUP, HYBRID_MOUNTS[1:], HYBRID_OPTIONS) is None
-    assert find_hierarchy("", [], {}) is None
+    assert find_hierarchy(HYBRID_CGROUP, HYBRID_MOUNTS[1:]) is None
+    assert find_hierarchy("", []) is None
 
 
 def test_a_shared_cgroup_or_the_root_is_left_for_one_of_its_own() -> None:

@@ -13,6 +13,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,8 +23,11 @@ import pytest
 import trio
 from mount_util import FUSETHROTTLE, mounted, wait_for
 from prometheus_client.parser import text_string_to_metric_families
+from trio.testing import MockClock
 
+import fusethrottle
 from fusethrottle import daemon, metrics
+from fusethrottle.meter import Meter, OpClass, profile_for
 from fusethrottle.metrics import (
     DEFS,
     FSYNC_BUCKETS,
@@ -31,12 +35,15 @@ from fusethrottle.metrics import (
     Metrics,
     MetricsError,
     Recorder,
+    attach_metrics,
     bind_endpoint,
     exported_names,
     families,
     op_class,
     split_address,
 )
+from fusethrottle.metrics.publisher import PUBLISH_INTERVAL, RATE_SPAN
+from fusethrottle.metrics.snapshot import Rates, recent_fsyncs
 from fusethrottle.options import Config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,7 +124,7 @@ def test_every_backend_operation_has_a_metering_class() -> None:
     ],
 )
 def test_op_class(op: str, cls: str) -> None:
-    assert op_class(op) == cls
+    assert op_class(op).value == cls
 
 
 # --- the recorder --------------------------------------------------------------------------
@@ -150,6 +157,15 @@ def test_fsync_accounting_by_reason() -> None:
     assert dict(rec.target_errors) == {("fsync", errno.EIO): 1}
 
 
+def test_recent_fsyncs_are_nearest_rank_over_five_minutes() -> None:
+    now = 1000.0
+    samples = [(now - 400, 99.0)] + [(now - 10, float(s)) for s in range(1, 201)]
+    recent = recent_fsyncs(samples, now)
+    assert recent.samples == 200  # the one of 400 s ago is out
+    assert (recent.p50, recent.p99, recent.max) == (100.0, 198.0, 200.0)
+    assert recent_fsyncs([], now).p99 is None
+
+
 def test_hot_path_counters() -> None:
     rec = Recorder()
     for _ in range(3):
@@ -167,15 +183,42 @@ def test_hot_path_counters() -> None:
 # --- snapshots and exposition (a built mount, no kernel) -----------------------------------
 
 
+def _close(mount: daemon.Mount) -> None:
+    mount.inodes.close_all()
+    os.close(mount.inodes[1].path_fd)
+
+
 @pytest.fixture
 def built(tmp_path: Path) -> Iterator[Metrics]:
     """Metrics wired to a real (unmounted) Mount over a temporary directory."""
     config = Config(source=str(tmp_path), mountpoint=str(tmp_path / "mnt"), metrics="")
-    m = Metrics(config, metrics.TargetMeter(config.meter))
-    m.mount = daemon.build(config, m.recorder, m.recorder.target)
+    meter = Meter(profile_for(config))
+    recorder = Recorder(meter)
+    m = Metrics(daemon.build(config, recorder, recorder.target, meter), recorder)
     yield m
-    m.mount.inodes.close_all()
-    os.close(m.mount.inodes[1].path_fd)
+    _close(m.mount)
+
+
+def test_the_mount_has_one_meter_and_the_metrics_count_into_it(tmp_path: Path) -> None:
+    config = Config(source=str(tmp_path), mountpoint=str(tmp_path / "mnt"), metrics="")
+    meter = Meter(profile_for(config))
+    events, observer, tasks = attach_metrics(config, meter)  # as daemon.serve does
+    mount = daemon.build(config, events, observer, meter)
+    try:
+        assert mount.meter is meter and mount.ceilings.meter is meter
+        started = tasks(mount)
+        publisher = started[0].__self__
+        assert isinstance(publisher, Metrics) and publisher.mount is mount
+        assert len(started) == 3  # publisher, status socket, SIGUSR1; no endpoint (metrics off)
+        observer("write", 1)  # the backend reports a 1-byte write to the target
+        assert meter.snapshot()[OpClass.DATA_WRITE].metered_bytes == 32 * KiB  # efs minimum
+        snap = trio.run(_publish, publisher)
+        assert snap.meter["data_write"].metered_bytes == 32 * KiB
+        # A recorder counting into another meter would make two sets of books: refused.
+        with pytest.raises(ValueError, match="own meter"):
+            Metrics(mount, Recorder(Meter(profile_for(config))))
+    finally:
+        _close(mount)
 
 
 def _scrape_text(m: Metrics) -> str:
@@ -227,7 +270,7 @@ def test_snapshot_and_scrape_of_a_built_mount(built: Metrics) -> None:
         d = DEFS.get(name)
         assert name in names or (d and d.kind == "histogram" and name + "_count" in names), name
     build = [k for k in samples if k[0] == "fusethrottle_build_info"]
-    assert dict(build[0][1])["version"] == metrics.__version__
+    assert dict(build[0][1])["version"] == fusethrottle.__version__
     assert "process_open_fds" in names  # the daemon's own descriptors matter (one per inode)
 
 
@@ -253,15 +296,39 @@ def test_snapshot_is_json_ready(built: Metrics) -> None:
 
 
 def test_rates_come_from_published_history(built: Metrics) -> None:
-    async def main() -> metrics.Snapshot:
-        built.publish(sample=True)
+    async def main() -> list[metrics.Snapshot]:
+        snaps = [built.publish(sample=True)]  # the first point of the history: no rate yet
         built.recorder.bytes_written(10 * MiB)
-        await trio.sleep(0.3)
-        return built.publish()
+        await trio.sleep(PUBLISH_INTERVAL / 4)
+        snaps.append(built.publish())  # too short a span to mean anything
+        await trio.sleep(1.0 - PUBLISH_INTERVAL / 4)
+        snaps.append(built.publish())
+        return snaps
 
-    snap = trio.run(main)
-    assert snap.rates.span_seconds >= 0.25
-    assert snap.rates.written == pytest.approx(10 * MiB / snap.rates.span_seconds)
+    first, early, later = trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert first.rates == Rates() and early.rates == Rates()
+    assert later.rates.span_seconds == pytest.approx(1.0)
+    assert later.rates.written == pytest.approx(10 * MiB)
+    assert later.rates.read == 0
+
+
+def test_rates_cover_the_last_ten_seconds(built: Metrics) -> None:
+    async def main() -> metrics.Snapshot:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(built.run_publisher)  # samples at 0, 0.5, 1.0, ...
+            await trio.sleep(0.25)  # write between samples, never at the same instant
+            for second in range(60):  # 1 MiB/s, then 3 MiB/s for the last 10 s
+                built.recorder.bytes_written(MiB if second < 50 else 3 * MiB)
+                await trio.sleep(1.0)
+            snap = built.publish()  # at 60.25 s; the oldest sample kept is 50.0 s
+            nursery.cancel_scope.cancel()
+        return snap
+
+    snap = trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert RATE_SPAN == 10.0
+    assert snap.rates.span_seconds == pytest.approx(10.25)
+    # The writes at 50.25 ... 59.25 s only, not the average since the mount started.
+    assert snap.rates.written == pytest.approx(30 * MiB / 10.25)
 
 
 def test_fresh_snapshot_from_another_thread(built: Metrics) -> None:
@@ -272,37 +339,35 @@ def test_fresh_snapshot_from_another_thread(built: Metrics) -> None:
             snap = await trio.to_thread.run_sync(built.fresh)
             nursery.cancel_scope.cancel()
         assert snap is not None
-        return snap.written_bytes, len(built._history)
+        return snap.written_bytes
 
-    written, _ = trio.run(main)
-    assert written == 123
+    assert trio.run(main) == 123
 
 
 def test_a_stuck_event_loop_gives_a_stale_but_prompt_answer(built: Metrics) -> None:
-    import threading
-
-    answers: list[tuple[float, int]] = []
+    answers: list[int] = []
 
     def scrape() -> None:
-        started = time.monotonic()
         snap = built.fresh()
         assert snap is not None
-        answers.append((time.monotonic() - started, snap.written_bytes))
+        answers.append(snap.written_bytes)
 
-    async def main() -> None:
+    async def main() -> bool:
         async with trio.open_nursery() as nursery:
             await nursery.start(built.run_publisher)
             built.recorder.bytes_written(5)  # not yet in any snapshot
             scraper = threading.Thread(target=scrape)
             scraper.start()
-            time.sleep(1.0)  # the event loop is stuck (a blocking call where none belongs)
-            await trio.to_thread.run_sync(scraper.join)
+            # The event loop is stuck (a blocking call where none belongs) until the scrape has
+            # its answer, so a scrape that waited for the loop would never get one. The timeout
+            # only keeps such a bug from hanging the test run.
+            scraper.join(timeout=60)
+            answered = not scraper.is_alive()
             nursery.cancel_scope.cancel()
+        return answered
 
-    trio.run(main)
-    ((waited, written),) = answers
-    assert waited < 0.8  # did not wait for the loop
-    assert written == 0  # the last snapshot published before the loop got stuck
+    assert trio.run(main), "the scrape waited for the stuck event loop"
+    assert answers == [0]  # the last snapshot published before the loop got stuck
 
 
 def test_task_tree_names_every_task() -> None:
@@ -354,27 +419,27 @@ def busy_port() -> Iterator[int]:
 
 def test_bind_refuses_a_port_in_use(busy_port: int) -> None:
     with pytest.raises(MetricsError, match="already in use"):
-        bind_endpoint(f"127.0.0.1:{busy_port}", metrics.CollectorRegistry())
+        bind_endpoint(f"127.0.0.1:{busy_port}")
 
 
 def test_bind_refuses_an_address_of_another_host() -> None:
     with pytest.raises(MetricsError, match="not an address of this host"):
-        bind_endpoint(f"192.0.2.1:{_free_port()}", metrics.CollectorRegistry())
+        bind_endpoint(f"192.0.2.1:{_free_port()}")
 
 
 def test_bind_refuses_an_unknown_host() -> None:
     with pytest.raises(MetricsError, match="cannot resolve"):
-        bind_endpoint("no-such-host.invalid:9420", metrics.CollectorRegistry())
+        bind_endpoint("no-such-host.invalid:9420")
 
 
 def test_endpoint_serves_and_stops(built: Metrics) -> None:
     port = _free_port()
-    server = bind_endpoint(f"127.0.0.1:{port}", metrics.make_registry(built))
+    server = bind_endpoint(f"127.0.0.1:{port}")
 
     async def main() -> str:
         async with trio.open_nursery() as nursery:
             await nursery.start(built.run_publisher)
-            await nursery.start(metrics.serve_endpoint, server)
+            await nursery.start(metrics.serve_endpoint, server, metrics.make_registry(built))
             body = await trio.to_thread.run_sync(_get, f"http://127.0.0.1:{port}/metrics")
             nursery.cancel_scope.cancel()
         return body

@@ -1,0 +1,131 @@
+"""One mount's observability hub: it publishes snapshots on the event loop and hands them out.
+
+Data flows one way, and only frozen copies cross threads::
+
+    data path  --Events / observer-->  Recorder         plain ints, event loop only, no locks
+    event loop --publish(), 0.5 s -->  Snapshot         frozen copy of Recorder + ledger, gate,
+                                                        flusher, controller, meter
+    scrape thread, status socket  -->  Snapshot         never the live objects
+
+A scrape first asks the loop for a fresh snapshot and waits at most ``FRESH_WAIT`` for it, so a
+stuck loop gives a stale (but answered) scrape whose ``fusethrottle_snapshot_age_seconds`` says
+so. Nothing here may end the mount: every task catches and logs its own failures.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .diagnostics import task_tree, thread_stacks
+from .recorder import Recorder
+from .snapshot import RateHistory, Snapshot, take_snapshot
+
+if TYPE_CHECKING:
+    from ..daemon import Mount
+    from ..options import Config
+
+log = logging.getLogger(__package__)
+
+PUBLISH_INTERVAL = 0.5  # seconds between snapshots published by the event loop
+FRESH_WAIT = 0.25  # how long a scrape waits for the loop to publish a fresh snapshot
+RATE_SPAN = 10.0  # seconds of history behind the throughput figures
+
+
+class Metrics:
+    """The recorder, the latest snapshot, and who reads it, for one built mount.
+
+    *recorder* must be the one the mount was built with, counting into the mount's own meter:
+    one Meter per mount, so the ceilings and the metered series can never disagree.
+    ``publish`` runs on the event loop only; ``latest`` and ``fresh`` may be read anywhere.
+    """
+
+    def __init__(self, mount: Mount, recorder: Recorder) -> None:
+        if recorder.meter is not mount.meter:
+            raise ValueError("the recorder must count into the mount's own meter")
+        self.mount = mount
+        self.recorder = recorder
+        self.started = time.time()
+        self.latest: Snapshot | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._history = RateHistory(PUBLISH_INTERVAL, RATE_SPAN)
+        self._failures = 0
+
+    @property
+    def config(self) -> Config:
+        return self.mount.config
+
+    # --- building snapshots (event loop) ---------------------------------------------------
+    def publish(self, *, sample: bool = False) -> Snapshot:
+        """Copy the live state into a new Snapshot and make it the latest; with *sample* its
+        totals also join the history behind the rates (the periodic publish does that)."""
+        snap = take_snapshot(
+            self.mount,
+            self.recorder,
+            self._history,
+            started=self.started,
+            now=trio.current_time(),
+            sample=sample,
+        )
+        self.latest = snap
+        return snap
+
+    # --- reading snapshots (any thread) ----------------------------------------------------
+    def fresh(self, timeout: float = FRESH_WAIT) -> Snapshot | None:
+        """Ask the event loop for a new snapshot; after *timeout*, settle for the last one."""
+        token = self._token
+        if token is None:
+            return self.latest
+        done = threading.Event()
+
+        def refresh() -> None:  # runs on the loop, outside any task: must never raise
+            try:
+                self.publish()
+            except Exception:
+                self.log_failure("building a metrics snapshot")
+            finally:
+                done.set()
+
+        try:
+            token.run_sync_soon(refresh)
+        except trio.RunFinishedError:
+            return self.latest
+        done.wait(timeout)
+        return self.latest
+
+    def log_failure(self, what: str) -> None:
+        """Log an internal error (the first few, then one in a thousand): a bug in the metrics
+        must cost a scrape or a snapshot, never the journal or the mount."""
+        self._failures += 1
+        if self._failures <= 3 or self._failures % 1000 == 0:
+            log.exception(
+                "internal error %s (failure %d); the mount is unaffected", what, self._failures
+            )
+
+    # --- tasks (started by the daemon's nursery) ------------------------------------------
+    async def run_publisher(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Publish a snapshot every PUBLISH_INTERVAL (and keep the history behind the rates)."""
+        self._token = trio.lowlevel.current_trio_token()
+        try:
+            self.publish(sample=True)
+            task_status.started()
+            while True:
+                await trio.sleep(PUBLISH_INTERVAL)
+                try:
+                    self.publish(sample=True)
+                except Exception:
+                    self.log_failure("publishing metrics")
+        finally:
+            self._token = None
+
+    def status(self, request: str) -> dict[str, Any]:
+        """What the control socket answers (on the event loop, so always fresh)."""
+        if request == "tasks":
+            return {"tasks": task_tree(), "threads": thread_stacks()}
+        return self.publish().to_json()
