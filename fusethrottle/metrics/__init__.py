@@ -12,8 +12,8 @@ One module per concern:
 
 This module only wires them together for the daemon (:func:`attach_metrics`) and re-exports the
 names other modules use. With ``-o metrics=`` off nothing listens on the network, but the
-recorder, the snapshots and the status socket (see status.py) still run: ``fusethrottle status``
-must work on every mount.
+recorder, the snapshots and the status socket (see status_server.py) still run:
+``fusethrottle status`` must work on every mount.
 """
 
 from __future__ import annotations
