@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import trio
 
 from . import _libc
+from .credentials import Caller, ThreadCredentials
 from .target_calls import (
     Created,
     SyncPlan,
@@ -79,21 +80,34 @@ class Backend:
     """Async facade over the target; every method runs its syscalls in a worker thread."""
 
     def __init__(
-        self, threads: int = 32, sync_threads: int = 8, observer: Observer | None = None
+        self,
+        threads: int = 32,
+        sync_threads: int = 8,
+        observer: Observer | None = None,
+        credentials: ThreadCredentials | None = None,
     ) -> None:
         self.meta = WorkerPool("meta", threads)
         self.data = WorkerPool("data", threads)
         self.sync = WorkerPool("sync", sync_threads)
         self.observer = observer
+        #: Set when calls run as their callers (credentials.py); None: all as the daemon.
+        self.credentials = credentials
         self._to_close: list[int] = []
         self._close_wakeup = trio.Event()
         #: Told the fresh attributes of every directory a call changed.
         self.on_dir_changed: Callable[[os.stat_result], None] | None = None
 
-    async def _run(self, pool: WorkerPool, fn: Callable[..., T], *args: Any) -> T:
-        return await pool.run(fn, *args)
+    async def _run(
+        self, pool: WorkerPool, caller: Caller | None, fn: Callable[..., T], *args: Any
+    ) -> T:
+        """Run ``fn(*args)`` in one of *pool*'s threads, as *caller* (None: as the daemon)."""
+        if self.credentials is None:
+            return await pool.run(fn, *args)
+        return await pool.run(self.credentials.call_as, caller, fn, *args)
 
-    async def _change(self, dir_fds: tuple[int, ...], fn: Callable[..., T], *args: Any) -> T:
+    async def _change(
+        self, caller: Caller | None, dir_fds: tuple[int, ...], fn: Callable[..., T], *args: Any
+    ) -> T:
         """Run a call that changes directories, and stat them in the same trip to the thread.
 
         The kernel forgets a directory's attributes whenever an entry in it changes, and asks
@@ -105,7 +119,7 @@ class Backend:
             result = fn(*args)
             return result, _dir_stats(dir_fds)
 
-        result, stats = await self._run(self.meta, run)
+        result, stats = await self._run(self.meta, caller, run)
         if self.on_dir_changed is not None:
             for st in stats:
                 self.on_dir_changed(st)
@@ -121,20 +135,21 @@ class Backend:
             fd = os.open(path, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             return Created(fd, os.fstat(fd))
 
-        return await self._run(self.meta, run)
+        return await self._run(self.meta, None, run)
 
-    async def lookup(self, dir_fd: int, name: bytes) -> Created:
-        result = await self._run(self.meta, _lookup, dir_fd, name)
+    async def lookup(self, caller: Caller | None, dir_fd: int, name: bytes) -> Created:
+        result = await self._run(self.meta, caller, _lookup, dir_fd, name)
         self._seen("lookup")
         return result
 
-    async def stat(self, path_fd: int) -> os.stat_result:
-        result = await self._run(self.meta, os.fstat, path_fd)
+    async def stat(self, caller: Caller | None, path_fd: int) -> os.stat_result:
+        result = await self._run(self.meta, caller, os.fstat, path_fd)
         self._seen("getattr")
         return result
 
     async def setattr(
         self,
+        caller: Caller | None,
         path_fd: int,
         fd: int | None,
         *,
@@ -146,18 +161,19 @@ class Backend:
         mtime_ns: int | None = None,
     ) -> os.stat_result:
         result = await self._run(
-            self.meta, _setattr, path_fd, fd, mode, uid, gid, size, atime_ns, mtime_ns
+            self.meta, caller, _setattr, path_fd, fd, mode, uid, gid, size, atime_ns, mtime_ns
         )
         self._seen("setattr")
         return result
 
-    async def readlink(self, path_fd: int) -> bytes:
-        result = await self._run(self.meta, _readlink, path_fd)
+    async def readlink(self, caller: Caller | None, path_fd: int) -> bytes:
+        result = await self._run(self.meta, caller, _readlink, path_fd)
         self._seen("readlink")
         return result
 
     async def make(
         self,
+        caller: Caller | None,
         kind: str,
         dir_fd: int,
         name: bytes,
@@ -165,11 +181,11 @@ class Backend:
         arg: Any = None,
         owner: tuple[int, int] | None = None,
     ) -> Created:
-        result = await self._change((dir_fd,), _make, kind, dir_fd, name, mode, arg, owner)
+        result = await self._change(caller, (dir_fd,), _make, kind, dir_fd, name, mode, arg, owner)
         self._seen(kind)
         return result
 
-    async def unlink(self, dir_fd: int, name: bytes) -> os.stat_result:
+    async def unlink(self, caller: Caller | None, dir_fd: int, name: bytes) -> os.stat_result:
         """Remove *name*; returns what it was, so the caller knows if the last link went."""
 
         def run() -> os.stat_result:
@@ -177,45 +193,49 @@ class Backend:
             os.unlink(name, dir_fd=dir_fd)
             return st
 
-        result = await self._change((dir_fd,), run)
+        result = await self._change(caller, (dir_fd,), run)
         self._seen("unlink")
         return result
 
-    async def rmdir(self, dir_fd: int, name: bytes) -> None:
-        await self._change((dir_fd,), lambda: os.rmdir(name, dir_fd=dir_fd))
+    async def rmdir(self, caller: Caller | None, dir_fd: int, name: bytes) -> None:
+        await self._change(caller, (dir_fd,), lambda: os.rmdir(name, dir_fd=dir_fd))
         self._seen("rmdir")
 
-    async def rename(self, old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int) -> None:
+    async def rename(
+        self, caller: Caller | None, old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int
+    ) -> None:
         dirs = (old_dir, new_dir)
         if flags:
-            await self._change(dirs, _libc.renameat2, old_dir, old, new_dir, new, flags)
+            await self._change(caller, dirs, _libc.renameat2, old_dir, old, new_dir, new, flags)
         else:
             await self._change(
-                dirs, lambda: os.rename(old, new, src_dir_fd=old_dir, dst_dir_fd=new_dir)
+                caller, dirs, lambda: os.rename(old, new, src_dir_fd=old_dir, dst_dir_fd=new_dir)
             )
         self._seen("rename")
 
-    async def link(self, path_fd: int, new_dir: int, new: bytes) -> Created:
+    async def link(self, caller: Caller | None, path_fd: int, new_dir: int, new: bytes) -> Created:
         def run() -> Created:
             os.link(proc_path(path_fd), new, dst_dir_fd=new_dir, follow_symlinks=True)
             return _lookup(new_dir, new)
 
-        result = await self._change((new_dir,), run)
+        result = await self._change(caller, (new_dir,), run)
         self._seen("link")
         return result
 
-    async def statfs(self, path_fd: int) -> os.statvfs_result:
-        result = await self._run(self.meta, os.statvfs, path_fd)
+    async def statfs(self, caller: Caller | None, path_fd: int) -> os.statvfs_result:
+        result = await self._run(self.meta, caller, os.statvfs, path_fd)
         self._seen("statfs")
         return result
 
     # --- xattrs ----------------------------------------------------------------------------
-    async def getxattr(self, path_fd: int, name: bytes) -> bytes:
-        result = await self._run(self.meta, os.getxattr, proc_path(path_fd), name)
+    async def getxattr(self, caller: Caller | None, path_fd: int, name: bytes) -> bytes:
+        result = await self._run(self.meta, caller, os.getxattr, proc_path(path_fd), name)
         self._seen("getxattr")
         return result
 
-    async def getxattr_listed(self, path_fd: int, name: bytes) -> tuple[bytes | None, list[bytes]]:
+    async def getxattr_listed(
+        self, caller: Caller | None, path_fd: int, name: bytes
+    ) -> tuple[bytes | None, list[bytes]]:
         """The file's xattr names, and *name*'s value if it is one of them (one thread trip)."""
 
         def run() -> tuple[bytes | None, list[bytes]]:
@@ -224,30 +244,32 @@ class Backend:
                 return None, names
             return os.getxattr(proc_path(path_fd), name), names
 
-        result = await self._run(self.meta, run)
+        result = await self._run(self.meta, caller, run)
         self._seen("getxattr")
         return result
 
-    async def setxattr(self, path_fd: int, name: bytes, value: bytes) -> None:
-        await self._run(self.meta, os.setxattr, proc_path(path_fd), name, value)
+    async def setxattr(
+        self, caller: Caller | None, path_fd: int, name: bytes, value: bytes
+    ) -> None:
+        await self._run(self.meta, caller, os.setxattr, proc_path(path_fd), name, value)
         self._seen("setxattr")
 
-    async def listxattr(self, path_fd: int) -> list[bytes]:
-        result = await self._run(self.meta, _listxattr, path_fd)
+    async def listxattr(self, caller: Caller | None, path_fd: int) -> list[bytes]:
+        result = await self._run(self.meta, caller, _listxattr, path_fd)
         self._seen("listxattr")
         return result
 
-    async def removexattr(self, path_fd: int, name: bytes) -> None:
-        await self._run(self.meta, os.removexattr, proc_path(path_fd), name)
+    async def removexattr(self, caller: Caller | None, path_fd: int, name: bytes) -> None:
+        await self._run(self.meta, caller, os.removexattr, proc_path(path_fd), name)
         self._seen("removexattr")
 
     # --- files -----------------------------------------------------------------------------
     async def open(
-        self, path_fd: int, flags: int, check_capability: bool = False
+        self, caller: Caller | None, path_fd: int, flags: int, check_capability: bool = False
     ) -> tuple[int, bool]:
         """Open the file; with *check_capability*, also say whether it has a file capability."""
         if not check_capability:
-            fd = await self._run(self.data, _reopen, path_fd, flags)
+            fd = await self._run(self.data, caller, _reopen, path_fd, flags)
             self._seen("open")
             return fd, False
 
@@ -255,25 +277,41 @@ class Backend:
             fd = _reopen(path_fd, flags)
             return fd, _has_capability(fd)
 
-        result = await self._run(self.data, run)
+        result = await self._run(self.data, caller, run)
         self._seen("open")
         return result
 
     async def create(
-        self, dir_fd: int, name: bytes, flags: int, mode: int, owner: tuple[int, int] | None
+        self,
+        caller: Caller | None,
+        dir_fd: int,
+        name: bytes,
+        flags: int,
+        mode: int,
+        owner: tuple[int, int] | None,
     ) -> tuple[int, Created]:
-        result = await self._change((dir_fd,), _create_file, dir_fd, name, flags, mode, owner)
+        result = await self._change(
+            caller, (dir_fd,), _create_file, dir_fd, name, flags, mode, owner
+        )
         self._seen("create")
         return result
 
-    async def pread(self, fd: int, size: int, offset: int, direct: bool = False) -> bytes:
+    async def pread(
+        self, caller: Caller | None, fd: int, size: int, offset: int, direct: bool = False
+    ) -> bytes:
         fn = _aligned_pread if direct else os.pread
-        result = await self._run(self.data, fn, fd, size, offset)
+        result = await self._run(self.data, caller, fn, fd, size, offset)
         self._seen("read", len(result))
         return result
 
     async def pwrite(
-        self, fd: int, data: bytes, offset: int, direct: bool = False, drop_capability: bool = False
+        self,
+        caller: Caller | None,
+        fd: int,
+        data: bytes,
+        offset: int,
+        direct: bool = False,
+        drop_capability: bool = False,
     ) -> int:
         fn = _aligned_pwrite if direct else os.pwrite
         if drop_capability:
@@ -283,15 +321,15 @@ class Backend:
                 _drop_capability(fd)
                 return plain(fd, data, offset)
 
-        result = await self._run(self.data, fn, fd, data, offset)
+        result = await self._run(self.data, caller, fn, fd, data, offset)
         self._seen("write", result)
         return result
 
-    async def flush(self, fd: int) -> None:
-        await self._run(self.data, _flush, fd)
+    async def flush(self, caller: Caller | None, fd: int) -> None:
+        await self._run(self.data, caller, _flush, fd)
 
     async def close(self, fd: int) -> None:
-        await self._run(self.data, os.close, fd)
+        await self.data.run(os.close, fd)
 
     def close_soon(self, fd: int) -> None:
         """Close a released file's descriptor in the background, with the others released
@@ -316,58 +354,74 @@ class Backend:
                 # waits for; bounded, so that a hung target cannot hold the shutdown.
                 with trio.move_on_after(CLOSE_GRACE) as scope:
                     scope.shield = True
-                    await self._run(self.data, _close_all, fds)
+                    await self.data.run(_close_all, fds)
         finally:
             fds, self._to_close = self._to_close, []
             _close_all(fds)
 
-    async def fsync(self, fd: int, datasync: bool = False) -> None:
-        await self._run(self.sync, os.fdatasync if datasync else os.fsync, fd)
+    async def fsync(self, caller: Caller | None, fd: int, datasync: bool = False) -> None:
+        await self._run(self.sync, caller, os.fdatasync if datasync else os.fsync, fd)
         self._seen("fsync")
 
     async def fsync_path(
-        self, path_fd: int, datasync: bool = False, plan: SyncPlan | None = None
+        self,
+        caller: Caller | None,
+        path_fd: int,
+        datasync: bool = False,
+        plan: SyncPlan | None = None,
     ) -> None:
         """fsync a file through its path descriptor (it may be released already)."""
-        await self._run(self.sync, _fsync_path, path_fd, datasync, plan)
+        await self._run(self.sync, caller, _fsync_path, path_fd, datasync, plan)
         self._seen("fsync")
 
     async def fsync_paths(
-        self, path_fds: list[int], datasync: bool = False, plan: SyncPlan | None = None
+        self,
+        files: list[tuple[Caller | None, int]],
+        datasync: bool = False,
+        plan: SyncPlan | None = None,
     ) -> list[int | None]:
-        """fsync several files in one thread call; the errno of each (None: synced)."""
+        """fsync several files (each as its caller, by path descriptor) in one thread call;
+        the errno of each (None: synced)."""
+        credentials = self.credentials
 
         def run() -> list[int | None]:
             errors: list[int | None] = []
-            for path_fd in path_fds:
+            for caller, path_fd in files:
                 try:
-                    _fsync_path(path_fd, datasync, plan)
+                    if credentials is None:
+                        _fsync_path(path_fd, datasync, plan)
+                    else:
+                        credentials.call_as(caller, _fsync_path, path_fd, datasync, plan)
                     errors.append(None)
                 except OSError as err:
                     errors.append(err.errno or errno.EIO)
             return errors
 
-        result = await self._run(self.sync, run)
-        for _ in path_fds:
+        result = await self.sync.run(run)
+        for _ in files:
             self._seen("fsync")
         return result
 
     # --- directories -----------------------------------------------------------------------
-    async def opendir(self, path_fd: int) -> int:
+    async def opendir(self, caller: Caller | None, path_fd: int) -> int:
         return await self._run(
-            self.meta, os.open, proc_path(path_fd), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            self.meta,
+            caller,
+            os.open,
+            proc_path(path_fd),
+            os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
         )
 
     async def list_entries(
-        self, dir_fd: int, names: list[bytes] | None, start: int, count: int
+        self, caller: Caller | None, dir_fd: int, names: list[bytes] | None, start: int, count: int
     ) -> tuple[list[bytes], list[tuple[int, bytes, Created]]]:
-        result = await self._run(self.meta, _list_entries, dir_fd, names, start, count)
+        result = await self._run(self.meta, caller, _list_entries, dir_fd, names, start, count)
         self._seen("readdir")
         return result
 
-    async def fsyncdir(self, path_fd: int, datasync: bool) -> None:
-        await self._run(self.sync, _fsync_dir, path_fd, datasync)
+    async def fsyncdir(self, caller: Caller | None, path_fd: int, datasync: bool) -> None:
+        await self._run(self.sync, caller, _fsync_dir, path_fd, datasync)
         self._seen("fsync")
 
     async def close_dir(self, fd: int) -> None:
-        await self._run(self.meta, os.close, fd)
+        await self.meta.run(os.close, fd)

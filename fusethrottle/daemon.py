@@ -32,6 +32,7 @@ from .backend import Backend
 from .budget import WriteBudget
 from .ceilings import Ceilings
 from .controller import Controller, make_controller
+from .credentials import Callers, ThreadCredentials, can_switch
 from .events import Events, NullEvents
 from .flusher import Flusher
 from .inodes import InodeTable
@@ -105,7 +106,12 @@ def build(
     events = events or NullEvents()
     if meter is None:
         meter = Meter(profile_for(config))
-    backend = Backend(config.threads, observer=observer)
+    switching = config.credentials == "caller" and can_switch()
+    backend = Backend(
+        config.threads,
+        observer=observer,
+        credentials=ThreadCredentials() if switching else None,
+    )
     root_fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     inodes = InodeTable(root_fd, os.fstat(root_fd))
     ledger = Ledger()
@@ -182,6 +188,7 @@ def build(
         ceilings=ceilings if ceilings.active else None,
         offer_xattrs=xattrs,
         target_xattrs=target_xattrs,
+        callers=Callers(switching),
     )
     return Mount(
         config,

@@ -37,6 +37,7 @@ import trio
 from .backend import Backend
 from .budget import WriteBudget
 from .controller import Controller
+from .credentials import Caller
 from .inodes import Inode, InodeTable
 from .kernel_pages import KernelPages
 from .ledger import SyncTicket, sync_trigger
@@ -201,7 +202,7 @@ class Flusher:
         start = trio.current_time()
         error: int | None = None
         try:
-            await self.backend.fsync_path(inode.path_fd, datasync=True, plan=plan)
+            await self.backend.fsync_path(inode.writer, inode.path_fd, datasync=True, plan=plan)
         except OSError as err:
             error = err.errno or errno_mod.EIO
         except Exception:  # a bug must not end the flusher (and with it the mount)
@@ -226,7 +227,7 @@ class Flusher:
                 nodeids = self._group[:GROUP_SYNC_MAX_FILES]
                 del self._group[:GROUP_SYNC_MAX_FILES]
                 tickets: list[SyncTicket] = []
-                path_fds: list[int] = []
+                files: list[tuple[Caller | None, int]] = []
                 for nodeid in nodeids:
                     inode = self.inodes.get(nodeid)
                     state = self.ledger.file(nodeid)
@@ -237,16 +238,16 @@ class Flusher:
                         self._maybe_drop(nodeid)
                         continue
                     tickets.append(self.budget.begin_sync(nodeid))
-                    path_fds.append(inode.path_fd)
+                    files.append((inode.writer, inode.path_fd))
                     inode.take_written()  # small: synced whole, dropped whole
                 start = trio.current_time()
                 try:
                     errors = await self.backend.fsync_paths(
-                        path_fds, datasync=True, plan=SyncPlan(drop=self.drop_synced)
+                        files, datasync=True, plan=SyncPlan(drop=self.drop_synced)
                     )
                 except Exception:  # a bug must not end the flusher (and with it the mount)
-                    log.exception("group fsync of %d released files failed", len(path_fds))
-                    errors = [errno_mod.EIO] * len(path_fds)
+                    log.exception("group fsync of %d released files failed", len(files))
+                    errors = [errno_mod.EIO] * len(files)
                 finally:
                     now = trio.current_time()
                     for ticket in tickets:

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import pyfuse3
 import trio
 
+from .credentials import Caller
+
 ROOT = pyfuse3.ROOT_INODE
 _PRIVATE_BASE = 1 << 62
 
@@ -54,6 +56,8 @@ class Inode:
     # The byte range written since the file's last injected sync began (None: nothing), which
     # the next one writes back in pieces and then drops from the page cache.
     written: tuple[int, int] | None = None
+    # Who last opened it for writing: its background fsyncs run as them (credentials.py).
+    writer: Caller | None = None
 
     def note_written(self, offset: int, length: int) -> None:
         self.written = grow(self.written, offset, length)

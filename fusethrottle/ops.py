@@ -29,6 +29,7 @@ import trio
 from .backend import Backend
 from .budget import WriteBudget
 from .ceilings import Ceilings
+from .credentials import Caller, Callers
 from .events import Events, NullEvents
 from .flusher import Flusher
 from .inodes import Inode, InodeTable
@@ -56,12 +57,15 @@ class FileHandle:
     inode: Inode
     flags: int
     direct: bool
+    #: Who opened it: reads, writes and fsyncs of the handle run as them.
+    caller: Caller | None = None
 
 
 @dataclass(eq=False)
 class DirHandle:
     fd: int
     inode: Inode
+    caller: Caller | None = None
     names: list[bytes] | None = None
 
 
@@ -165,6 +169,7 @@ class Operations(pyfuse3.Operations):
         ceilings: Ceilings | None = None,
         offer_xattrs: bool = True,
         target_xattrs: bool = True,
+        callers: Callers | None = None,
     ) -> None:
         super().__init__()
         self.ceilings = ceilings
@@ -180,6 +185,7 @@ class Operations(pyfuse3.Operations):
         self.offer_xattrs = offer_xattrs
         self._drop_capabilities = not offer_xattrs and target_xattrs
         self.events = events or NullEvents()
+        self.callers = callers or Callers(switching=False)
         self.closing = False
         # Directory attributes stat'ed right after our own change to the directory, by
         # (st_dev, st_ino), with when they stop being fresh (see getattr).
@@ -219,8 +225,9 @@ class Operations(pyfuse3.Operations):
         return self._attr(inode.nodeid, created.st)
 
     def _owner(self, ctx: pyfuse3.RequestContext) -> tuple[int, int] | None:
-        """Who a new object must belong to; None when that is us already."""
-        if ctx.uid == self._uid and ctx.gid == self._gid:
+        """Who a new object must be given to; None when that is us already, or when it was
+        made by the caller's own credentials (it is theirs then, as on the target itself)."""
+        if self.callers.switching or (ctx.uid == self._uid and ctx.gid == self._gid):
             return None
         return ctx.uid, ctx.gid
 
@@ -274,7 +281,7 @@ class Operations(pyfuse3.Operations):
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
         self._refuse_when_closing()
         parent = self.inodes[parent_inode]
-        return self._entry(await self.backend.lookup(parent.path_fd, name))
+        return self._entry(await self.backend.lookup(self.callers.of(ctx), parent.path_fd, name))
 
     async def forget(self, inode_list: Any) -> None:
         for nodeid, count in inode_list:
@@ -314,7 +321,7 @@ class Operations(pyfuse3.Operations):
             and stat.S_IFMT(fresh[0].st_mode) == stat.S_IFMT(node.mode)
         ):
             return self._attr(inode, fresh[0])
-        return self._attr(inode, await self.backend.stat(node.path_fd))
+        return self._attr(inode, await self.backend.stat(self.callers.of(ctx), node.path_fd))
 
     @_replies
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
@@ -331,6 +338,7 @@ class Operations(pyfuse3.Operations):
             # rm -rf). Nobody can see a deleted file's times: answer without the target.
             return self._attr(inode, node.removed)
         st = await self.backend.setattr(
+            self.callers.of(ctx),
             node.path_fd,
             handle.fd if handle is not None else None,
             mode=stat.S_IMODE(attr.st_mode) if fields.update_mode else None,
@@ -346,13 +354,13 @@ class Operations(pyfuse3.Operations):
 
     @_replies
     async def readlink(self, inode: int, ctx: Any = None) -> bytes:
-        return await self.backend.readlink(self.inodes[inode].path_fd)
+        return await self.backend.readlink(self.callers.of(ctx), self.inodes[inode].path_fd)
 
     @_replies
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
         parent = self.inodes[parent_inode]
         created = await self.backend.make(
-            "mknod", parent.path_fd, name, mode, rdev, self._owner(ctx)
+            self.callers.of(ctx), "mknod", parent.path_fd, name, mode, rdev, self._owner(ctx)
         )
         return self._entry(created)
 
@@ -360,7 +368,7 @@ class Operations(pyfuse3.Operations):
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
         parent = self.inodes[parent_inode]
         created = await self.backend.make(
-            "mkdir", parent.path_fd, name, mode, None, self._owner(ctx)
+            self.callers.of(ctx), "mkdir", parent.path_fd, name, mode, None, self._owner(ctx)
         )
         return self._entry(created)
 
@@ -368,14 +376,14 @@ class Operations(pyfuse3.Operations):
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
         parent = self.inodes[parent_inode]
         created = await self.backend.make(
-            "symlink", parent.path_fd, name, 0o777, target, self._owner(ctx)
+            self.callers.of(ctx), "symlink", parent.path_fd, name, 0o777, target, self._owner(ctx)
         )
         return self._entry(created)
 
     @_replies
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         parent = self.inodes[parent_inode]
-        st = await self.backend.unlink(parent.path_fd, name)
+        st = await self.backend.unlink(self.callers.of(ctx), parent.path_fd, name)
         node = self.inodes.find(st)
         if node is not None and st.st_nlink <= 1:
             # The last name went: its data needs no fsync any more.
@@ -384,7 +392,7 @@ class Operations(pyfuse3.Operations):
 
     @_replies
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        await self.backend.rmdir(self.inodes[parent_inode].path_fd, name)
+        await self.backend.rmdir(self.callers.of(ctx), self.inodes[parent_inode].path_fd, name)
 
     @_replies
     async def rename(
@@ -398,17 +406,23 @@ class Operations(pyfuse3.Operations):
     ) -> None:
         old = self.inodes[parent_inode_old]
         new = self.inodes[parent_inode_new]
-        await self.backend.rename(old.path_fd, name_old, new.path_fd, name_new, flags)
+        await self.backend.rename(
+            self.callers.of(ctx), old.path_fd, name_old, new.path_fd, name_new, flags
+        )
 
     @_replies
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
         node = self.inodes[inode]
         parent = self.inodes[new_parent_inode]
-        return self._entry(await self.backend.link(node.path_fd, parent.path_fd, new_name))
+        return self._entry(
+            await self.backend.link(self.callers.of(ctx), node.path_fd, parent.path_fd, new_name)
+        )
 
     @_replies
     async def statfs(self, ctx: Any = None) -> Any:
-        vfs = await self.backend.statfs(self.inodes[pyfuse3.ROOT_INODE].path_fd)
+        vfs = await self.backend.statfs(
+            self.callers.of(ctx), self.inodes[pyfuse3.ROOT_INODE].path_fd
+        )
         out = pyfuse3.StatvfsData()
         out.f_bsize = vfs.f_bsize
         out.f_frsize = vfs.f_frsize
@@ -444,9 +458,11 @@ class Operations(pyfuse3.Operations):
         if name == _CAPABILITY and node.no_capability_until > now:
             raise pyfuse3.FUSEError(errno.ENODATA)
         if not name.startswith(_LISTED_NAMESPACES) or self.attr_timeout <= 0:
-            return await self.backend.getxattr(node.path_fd, name)
+            return await self.backend.getxattr(self.callers.of(ctx), node.path_fd, name)
         if node.xattr_names_until <= now or name in node.xattr_names:
-            value, names = await self.backend.getxattr_listed(node.path_fd, name)
+            value, names = await self.backend.getxattr_listed(
+                self.callers.of(ctx), node.path_fd, name
+            )
             node.xattr_names = frozenset(names)
             node.xattr_names_until = now + self.attr_timeout
             if value is not None:
@@ -465,24 +481,28 @@ class Operations(pyfuse3.Operations):
         self._xattrs_offered()
         node = self.inodes[inode]
         self._xattrs_changed(node)
-        await self.backend.setxattr(node.path_fd, name, value)
+        await self.backend.setxattr(self.callers.of(ctx), node.path_fd, name, value)
 
     @_replies
     async def listxattr(self, inode: int, ctx: Any = None) -> Any:
         self._xattrs_offered()
-        return await self.backend.listxattr(self.inodes[inode].path_fd)
+        return await self.backend.listxattr(self.callers.of(ctx), self.inodes[inode].path_fd)
 
     @_replies
     async def removexattr(self, inode: int, name: bytes, ctx: Any = None) -> None:
         self._xattrs_offered()
         node = self.inodes[inode]
         self._xattrs_changed(node)
-        await self.backend.removexattr(node.path_fd, name)
+        await self.backend.removexattr(self.callers.of(ctx), node.path_fd, name)
 
     # --- files -----------------------------------------------------------------------------
-    def _file_info(self, fd: int, inode: Inode, flags: int) -> pyfuse3.FileInfo:
+    def _file_info(
+        self, fd: int, inode: Inode, flags: int, caller: Caller | None
+    ) -> pyfuse3.FileInfo:
         fh = self._new_fh()
-        self.files[fh] = FileHandle(fd, inode, flags, bool(flags & os.O_DIRECT))
+        self.files[fh] = FileHandle(fd, inode, flags, bool(flags & os.O_DIRECT), caller)
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            inode.writer = caller  # background fsyncs run as the last one to open it for writing
         return pyfuse3.FileInfo(fh=fh)
 
     @_replies
@@ -491,31 +511,35 @@ class Operations(pyfuse3.Operations):
         node = self.inodes[inode]
         flags = self._open_flags(flags)
         check = self._drop_capabilities and flags & os.O_ACCMODE != os.O_RDONLY
-        fd, has_capability = await self.backend.open(node.path_fd, flags, check)
+        caller = self.callers.of(ctx)
+        fd, has_capability = await self.backend.open(caller, node.path_fd, flags, check)
         if has_capability:
             node.capability_to_drop = True
         if flags & os.O_TRUNC:
             self.budget.discard(inode)
-        return self._file_info(fd, node, flags)
+        return self._file_info(fd, node, flags, caller)
 
     @_replies
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
         self._refuse_when_closing()
         parent = self.inodes[parent_inode]
         flags = self._open_flags(flags)
-        fd, created = await self.backend.create(parent.path_fd, name, flags, mode, self._owner(ctx))
+        caller = self.callers.of(ctx)
+        fd, created = await self.backend.create(
+            caller, parent.path_fd, name, flags, mode, self._owner(ctx)
+        )
         attr = self._entry(created)
         node = self.inodes[attr.st_ino]
         # A file this call created carries no capability: no need to ask the target on write.
         node.no_capability_until = trio.current_time() + _CAPABILITY_TTL
-        return self._file_info(fd, node, flags), attr
+        return self._file_info(fd, node, flags, caller), attr
 
     @_replies
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self._handle(fh)
         if self.ceilings is not None:
             await self.ceilings.wait(OpClass.DATA_READ, size)
-        data = await self.backend.pread(handle.fd, size, off, handle.direct)
+        data = await self.backend.pread(handle.caller, handle.fd, size, off, handle.direct)
         self.events.bytes_read(len(data))
         return data
 
@@ -533,7 +557,9 @@ class Operations(pyfuse3.Operations):
         drop = node.capability_to_drop
 
         async def send() -> int:
-            return await self.backend.pwrite(handle.fd, buf, off, handle.direct, drop)
+            return await self.backend.pwrite(
+                handle.caller, handle.fd, buf, off, handle.direct, drop
+            )
 
         # With the writeback cache the kernel sends up to a dozen writes of one file at once.
         # The target serialises them on the file's lock anyway; in parallel they only spin on
@@ -553,7 +579,7 @@ class Operations(pyfuse3.Operations):
     async def flush(self, fh: int) -> None:
         handle = self._handle(fh)
         self._raise_pending(handle.inode.nodeid)
-        await self.backend.flush(handle.fd)
+        await self.backend.flush(handle.caller, handle.fd)
 
     @_replies
     async def release(self, fh: int) -> None:
@@ -572,7 +598,7 @@ class Operations(pyfuse3.Operations):
         ticket = self.budget.begin_sync(nodeid)
         start = trio.current_time()
         try:
-            await self.backend.fsync(handle.fd, bool(datasync))
+            await self.backend.fsync(handle.caller, handle.fd, bool(datasync))
         except OSError as err:
             self.budget.end_sync(ticket, err.errno, trio.current_time(), reported=True)
             self.events.fsync("application", trio.current_time() - start, ticket.nbytes, err.errno)
@@ -585,9 +611,10 @@ class Operations(pyfuse3.Operations):
     @_replies
     async def opendir(self, inode: int, ctx: Any = None) -> int:
         node = self.inodes[inode]
-        fd = await self.backend.opendir(node.path_fd)
+        caller = self.callers.of(ctx)
+        fd = await self.backend.opendir(caller, node.path_fd)
         fh = self._new_fh()
-        self.dirs[fh] = DirHandle(fd, node)
+        self.dirs[fh] = DirHandle(fd, node, caller)
         return fh
 
     @_replies
@@ -599,7 +626,9 @@ class Operations(pyfuse3.Operations):
             handle.names = None  # rewinddir(): take a fresh snapshot
         index = start_id
         while True:
-            names, batch = await self.backend.list_entries(handle.fd, handle.names, index, 256)
+            names, batch = await self.backend.list_entries(
+                handle.caller, handle.fd, handle.names, index, 256
+            )
             handle.names = names
             if not batch:
                 return
@@ -635,7 +664,7 @@ class Operations(pyfuse3.Operations):
         handle = self.dirs.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        await self.backend.fsyncdir(handle.inode.path_fd, bool(datasync))
+        await self.backend.fsyncdir(handle.caller, handle.inode.path_fd, bool(datasync))
 
     # --- shutdown --------------------------------------------------------------------------
     def open_handles(self) -> int:

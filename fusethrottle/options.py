@@ -52,6 +52,8 @@ METER_PROFILES = ("efs", "efs-legacy", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 XATTR_MODES = ("auto", "on", "off")
 MEMORY_CGROUP_MODES = ("auto", "off")
+#: Whom calls to the target run as (credentials.py): the process that asked, or the daemon.
+CREDENTIAL_MODES = ("caller", "daemon")
 #: Room in the daemon's own memory cgroup beyond the largest window: the daemon itself, the
 #: target's metadata, and read cache for a restore.
 MEMORY_CGROUP_HEADROOM = 512 * MiB
@@ -74,6 +76,7 @@ class Config:
     xattrs: str = "auto"
     threads: int = 32
     fsname: str = ""
+    credentials: str = "caller"
     # memory (see memory_cgroup.py and flusher.py)
     memory_cgroup: str = "auto"
     memory_cgroup_limit: int = 0  # 0: window_max + MEMORY_CGROUP_HEADROOM
@@ -181,6 +184,7 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "xattrs": _choice(XATTR_MODES),
     "threads": _positive_int,
     "fsname": str,
+    "credentials": _choice(CREDENTIAL_MODES),
     "memory_cgroup": _choice(MEMORY_CGROUP_MODES),
     "memory_cgroup_limit": parse_size,
     "mode": _choice(MODES),

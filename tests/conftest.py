@@ -63,16 +63,22 @@ MakeMount = Callable[..., Daemon]
 
 @pytest.fixture
 def make_mount(workdir: Path) -> Iterator[MakeMount]:
-    """``make_mount(source=None, options=(), name="mnt")`` -> a serving fusethrottle Daemon."""
+    """``make_mount(source=None, options=(), name="mnt", wrapper=())`` -> a serving fusethrottle
+    Daemon (run under the *wrapper* command, if given)."""
     daemons: list[Daemon] = []
 
-    def make(source: Path | None = None, options: Sequence[str] = (), name: str = "mnt") -> Daemon:
+    def make(
+        source: Path | None = None,
+        options: Sequence[str] = (),
+        name: str = "mnt",
+        wrapper: Sequence[str] = (),
+    ) -> Daemon:
         if source is None:
             source = workdir / f"{name}-backing"
             source.mkdir()
         mountpoint = workdir / name
         mountpoint.mkdir(exist_ok=True)
-        daemon = start_fusethrottle(source, mountpoint, options)
+        daemon = start_fusethrottle(source, mountpoint, options, wrapper=wrapper)
         daemons.append(daemon)
         return daemon
 

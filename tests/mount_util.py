@@ -238,8 +238,10 @@ def start_fusethrottle(
     log_path: Path | None = None,
     timeout: float = START_TIMEOUT,
     cgroup: Path | None = None,
+    wrapper: Sequence[str] = (),
 ) -> Daemon:
-    argv = [FUSETHROTTLE, str(source), str(mountpoint), "-f"]
+    """*wrapper*: a command the daemon runs under (e.g. setpriv taking capabilities away)."""
+    argv = [*wrapper, FUSETHROTTLE, str(source), str(mountpoint), "-f"]
     if options:
         argv += ["-o", ",".join(options)]
     log_path = log_path or mountpoint.with_name(mountpoint.name + ".log")

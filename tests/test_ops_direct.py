@@ -36,11 +36,13 @@ needs_root = pytest.mark.skipif(not IS_ROOT, reason="creating files for other us
 
 
 def ctx(uid: int | None = None, gid: int | None = None) -> Any:
-    """A request context as pyfuse3 would pass it (the real class cannot be built in Python)."""
+    """A request context as pyfuse3 would pass it (the real class cannot be built in Python).
+
+    Another user's request names no process (pid 0), so it runs with its primary group only."""
     return SimpleNamespace(
         uid=os.geteuid() if uid is None else uid,
         gid=os.getegid() if gid is None else gid,
-        pid=os.getpid(),
+        pid=os.getpid() if uid is None else 0,
         umask=0o022,
     )
 
@@ -310,16 +312,17 @@ def test_create_over_a_name_that_appeared_behind_our_back(
 @needs_root
 def test_new_objects_belong_to_the_caller(run: Callable[..., None], backing: Path) -> None:
     who = ctx(1234, 5678)
+    backing.chmod(0o1777)  # where the caller may create
 
     async def body(fs: Fs) -> None:
         fh, _ = await fs.create(ROOT, b"file", 0o4755, who=who)  # chown must not drop setuid
         await fs.ops.release(fh)
-        await fs.mkdir(ROOT, b"dir", 0o2750, who=who)
+        await fs.mkdir(ROOT, b"dir", 0o750, who=who)  # the kernel strips S_ISGID from mkdir
         await fs.ops.symlink(ROOT, b"link", b"file", who)
         await fs.ops.mknod(ROOT, b"fifo", stat.S_IFIFO | 0o640, 0, who)
 
     run(body)
-    for name, mode in (("file", 0o4755), ("dir", 0o2750), ("fifo", 0o640)):
+    for name, mode in (("file", 0o4755), ("dir", 0o750), ("fifo", 0o640)):
         st = (backing / name).lstat()
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 5678, mode), name
     st = (backing / "link").lstat()
@@ -349,8 +352,10 @@ def test_setgid_directory_passes_its_group_on(run: Callable[..., None], backing:
 def test_target_refusing_chown_still_creates(
     run: Callable[..., None], backing: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An NFS export with root_squash refuses chown: create must behave like mkdir does then,
-    keeping what the target made instead of failing after the file already exists."""
+    """A daemon that runs calls as itself (``credentials=daemon``) gives new objects to their
+    callers with chown. An NFS export with root_squash refuses that chown: create must behave
+    like mkdir does then, keeping what the target made instead of failing after the file
+    already exists."""
 
     def refuse(fd: int, uid: int, gid: int) -> None:
         raise PermissionError(errno.EPERM, "Operation not permitted")
@@ -363,7 +368,7 @@ def test_target_refusing_chown_still_creates(
         await fs.ops.release(fh)
         await fs.mkdir(ROOT, b"dir", who=ctx(1234, 5678))
 
-    run(body)
+    run(body, credentials="daemon")
     assert (backing / "file").read_bytes() == b"data"
     assert (backing / "dir").is_dir()
 
@@ -600,9 +605,11 @@ def test_capability_probe_is_answered_without_asking_the_target(run: Callable[..
         asked: list[bytes] = []
         real = fs.mount.backend.getxattr_listed
 
-        async def counting(path_fd: int, name: bytes) -> tuple[bytes | None, list[bytes]]:
+        async def counting(
+            caller: Any, path_fd: int, name: bytes
+        ) -> tuple[bytes | None, list[bytes]]:
             asked.append(name)
-            return await real(path_fd, name)
+            return await real(caller, path_fd, name)
 
         fs.mount.backend.getxattr_listed = counting  # type: ignore[method-assign]
         # A file this mount just created has no capability: the target is never asked.
