@@ -355,3 +355,47 @@ def test_as_the_daemon_the_squashed_backup_fails(
     result = back_up(mnt.mountpoint / "pg", BACKUP_USER)
     assert result.get("error") == errno.EACCES
     assert os.listdir(squashed_target / "pg") == []
+
+
+def file_capability() -> bytes:
+    """A VFS_CAP_REVISION_2 security.capability value granting cap_net_bind_service."""
+    import struct
+
+    return struct.pack("<IIIII", 0x02000000, 1 << 10, 0, 0, 0)
+
+
+@pytest.mark.mount
+@needs_switching
+@pytest.mark.parametrize("writeback_cache", ["yes", "no"])
+@pytest.mark.parametrize("xattrs", ["on", "off"])
+def test_a_non_owners_write_drops_set_id_bits_and_the_file_capability(
+    make_mount: MakeMount, workdir: Path, writeback_cache: str, xattrs: str
+) -> None:
+    """As on a local file system: another user writing into root's set-user-ID program (it is
+    world-writable here) must not leave a privileged program with their content in it."""
+    backing = workdir / "local"
+    backing.mkdir()
+    program = backing / "program"
+    program.write_bytes(b"#!/bin/true\n")
+    program.chmod(0o6777)
+    os.setxattr(program, "security.capability", file_capability())
+    options = ("allow_other", f"writeback_cache={writeback_cache}", f"xattrs={xattrs}")
+    mnt = make_mount(backing, options)
+    result = subprocess.run(
+        [
+            *as_user(OTHER_USER),
+            "/usr/bin/python3",
+            "-c",
+            "import sys; f = open(sys.argv[1], 'r+b'); f.write(b'#!/bin/sh\\n'); f.close()",
+            str(mnt.mountpoint / "program"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    st = program.stat()
+    assert st.st_mode & 0o7777 == 0o777
+    assert "security.capability" not in os.listxattr(program)
+    assert program.read_bytes().startswith(b"#!/bin/sh\n")
