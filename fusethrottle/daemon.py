@@ -35,8 +35,9 @@ from .controller import Controller, make_controller
 from .credentials import Callers, ThreadCredentials, can_switch
 from .events import Events, NullEvents
 from .flusher import Flusher
-from .inodes import InodeTable
+from .inodes import Inode, InodeTable
 from .kernel_cache import KernelCache
+from .kernel_entries import KernelEntries, bounds_for
 from .kernel_pages import KernelPages, find_fuse_device_fd
 from .ledger import Ledger
 from .memory_cgroup import OwnMemoryCgroup
@@ -78,6 +79,8 @@ class Mount:
     window: Callable[[], int]
     #: Drops synced ranges from the mount's page cache (attached once mounted).
     kernel_pages: KernelPages
+    #: Keeps the inode table within the descriptor limit (attached once mounted).
+    kernel_entries: KernelEntries | None = None
     #: Where the target's page cache is charged (set by serve; None in tests that build alone).
     memory_cgroup: OwnMemoryCgroup | None = None
 
@@ -171,6 +174,16 @@ def build(
         kernel_pages=kernel_pages,
     )
     flusher_ref.append(flusher)
+
+    def busy(inode: Inode) -> bool:
+        """Whether the kernel must keep this inode's name: open, or data still to sync."""
+        state = ledger.file(inode.nodeid)
+        return (
+            inode.open_handles > 0
+            or (state is not None and state.unsynced > 0)
+            or flusher.holds(inode.nodeid)
+        )
+
     ceilings = Ceilings(
         meter,
         metered_limit=config.metered_limit,
@@ -205,6 +218,7 @@ def build(
         kernel_cache,
         total_window,
         kernel_pages,
+        KernelEntries(inodes, bounds_for(fd_limit()), busy),
     )
 
 
@@ -220,6 +234,11 @@ def fuse_options(config: Config) -> set[str]:
         options.add("ro")
     options.update(config.kernel_options)
     return options
+
+
+def fd_limit() -> int:
+    """The descriptors this process may hold (after :func:`raise_fd_limit`)."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def raise_fd_limit() -> None:
@@ -260,9 +279,14 @@ class Daemon:
         try:
             info = find_mount(config.mountpoint, fstype="fuse.fusethrottle")
             self._mount_id = info.device if info else None
-            self.mount.kernel_pages.attach(find_fuse_device_fd())
+            device_fd = find_fuse_device_fd()
+            self.mount.kernel_pages.attach(device_fd)
+            if self.mount.kernel_entries is not None:
+                self.mount.kernel_entries.attach(device_fd)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.mount.kernel_pages.run)
+                if self.mount.kernel_entries is not None:
+                    await nursery.start(self.mount.kernel_entries.run)
                 await nursery.start(self.mount.flusher.run)
                 await nursery.start(self.mount.backend.run_closer)
                 nursery.start_soon(self._signals)

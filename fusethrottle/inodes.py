@@ -20,6 +20,7 @@ import errno
 import os
 import stat
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pyfuse3
@@ -31,7 +32,7 @@ ROOT = pyfuse3.ROOT_INODE
 _PRIVATE_BASE = 1 << 62
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: a million of these cost a third of the memory
 class Inode:
     nodeid: int
     path_fd: int
@@ -58,6 +59,13 @@ class Inode:
     written: tuple[int, int] | None = None
     # Who last opened it for writing: its background fsyncs run as them (credentials.py).
     writer: Caller | None = None
+    # The name the kernel last learned it under (parent node id 0: none), so that the daemon
+    # can ask the kernel to drop it when descriptors run short (kernel_entries.py).
+    entry_parent: int = 0
+    entry_name: bytes = b""
+    asked_until: float = 0.0
+    # Handles the kernel has open on it (a name of an open file is never dropped).
+    open_handles: int = 0
 
     def note_written(self, offset: int, length: int) -> None:
         self.written = grow(self.written, offset, length)
@@ -90,6 +98,8 @@ class InodeTable:
         self._by_key: dict[tuple[int, int], Inode] = {}
         self._next_private = _PRIVATE_BASE
         self.root_dev = root_st.st_dev
+        #: (size, callback): called whenever a registration takes the table past that size.
+        self.on_full: tuple[int, Callable[[], None]] | None = None
         root = Inode(ROOT, root_fd, (root_st.st_dev, root_st.st_ino), root_st.st_mode, 1 << 62)
         self._by_id[ROOT] = root
         self._by_key[root.key] = root
@@ -105,6 +115,10 @@ class InodeTable:
 
     def nodeids(self) -> list[int]:
         return list(self._by_id)
+
+    def values(self) -> Iterator[Inode]:
+        """Every known inode, the earliest registered first."""
+        return iter(self._by_id.values())
 
     def get(self, nodeid: int) -> Inode | None:
         return self._by_id.get(nodeid)
@@ -167,6 +181,8 @@ class InodeTable:
         inode = Inode(self.nodeid_for(st), path_fd, key, st.st_mode, 1)
         self._by_id[inode.nodeid] = inode
         self._by_key[key] = inode
+        if self.on_full is not None and len(self._by_id) > self.on_full[0]:
+            self.on_full[1]()
         return inode
 
     def forget(self, nodeid: int, count: int) -> Inode | None:

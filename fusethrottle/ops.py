@@ -220,8 +220,9 @@ class Operations(pyfuse3.Operations):
         attr.st_ctime_ns = st.st_ctime_ns
         return attr
 
-    def _entry(self, created: Created) -> pyfuse3.EntryAttributes:
+    def _entry(self, created: Created, parent: int, name: bytes) -> pyfuse3.EntryAttributes:
         inode = self.inodes.register(created.path_fd, created.st)
+        inode.entry_parent, inode.entry_name = parent, name
         return self._attr(inode.nodeid, created.st)
 
     def _owner(self, ctx: pyfuse3.RequestContext) -> tuple[int, int] | None:
@@ -281,7 +282,8 @@ class Operations(pyfuse3.Operations):
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
         self._refuse_when_closing()
         parent = self.inodes[parent_inode]
-        return self._entry(await self.backend.lookup(self.callers.of(ctx), parent.path_fd, name))
+        created = await self.backend.lookup(self.callers.of(ctx), parent.path_fd, name)
+        return self._entry(created, parent_inode, name)
 
     async def forget(self, inode_list: Any) -> None:
         for nodeid, count in inode_list:
@@ -362,7 +364,7 @@ class Operations(pyfuse3.Operations):
         created = await self.backend.make(
             self.callers.of(ctx), "mknod", parent.path_fd, name, mode, rdev, self._owner(ctx)
         )
-        return self._entry(created)
+        return self._entry(created, parent_inode, name)
 
     @_replies
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
@@ -370,7 +372,7 @@ class Operations(pyfuse3.Operations):
         created = await self.backend.make(
             self.callers.of(ctx), "mkdir", parent.path_fd, name, mode, None, self._owner(ctx)
         )
-        return self._entry(created)
+        return self._entry(created, parent_inode, name)
 
     @_replies
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
@@ -378,7 +380,7 @@ class Operations(pyfuse3.Operations):
         created = await self.backend.make(
             self.callers.of(ctx), "symlink", parent.path_fd, name, 0o777, target, self._owner(ctx)
         )
-        return self._entry(created)
+        return self._entry(created, parent_inode, name)
 
     @_replies
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -414,9 +416,10 @@ class Operations(pyfuse3.Operations):
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
         node = self.inodes[inode]
         parent = self.inodes[new_parent_inode]
-        return self._entry(
-            await self.backend.link(self.callers.of(ctx), node.path_fd, parent.path_fd, new_name)
+        created = await self.backend.link(
+            self.callers.of(ctx), node.path_fd, parent.path_fd, new_name
         )
+        return self._entry(created, new_parent_inode, new_name)
 
     @_replies
     async def statfs(self, ctx: Any = None) -> Any:
@@ -501,6 +504,7 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.FileInfo:
         fh = self._new_fh()
         self.files[fh] = FileHandle(fd, inode, flags, bool(flags & os.O_DIRECT), caller)
+        inode.open_handles += 1
         if flags & os.O_ACCMODE != os.O_RDONLY:
             inode.writer = caller  # background fsyncs run as the last one to open it for writing
         return pyfuse3.FileInfo(fh=fh)
@@ -528,7 +532,7 @@ class Operations(pyfuse3.Operations):
         fd, created = await self.backend.create(
             caller, parent.path_fd, name, flags, mode, self._owner(ctx)
         )
-        attr = self._entry(created)
+        attr = self._entry(created, parent_inode, name)
         node = self.inodes[attr.st_ino]
         # A file this call created carries no capability: no need to ask the target on write.
         node.no_capability_until = trio.current_time() + _CAPABILITY_TTL
@@ -586,6 +590,7 @@ class Operations(pyfuse3.Operations):
         handle = self.files.pop(fh, None)
         if handle is None:
             return
+        handle.inode.open_handles -= 1
         self.backend.close_soon(handle.fd)
         nodeid = handle.inode.nodeid
         if self.ledger.released(nodeid) and self.flusher.inject:
@@ -645,7 +650,8 @@ class Operations(pyfuse3.Operations):
                     return
                 if created.path_fd >= 0:
                     # readdirplus: the kernel now holds a reference, exactly as after lookup().
-                    self.inodes.register(created.path_fd, created.st)
+                    node = self.inodes.register(created.path_fd, created.st)
+                    node.entry_parent, node.entry_name = handle.inode.nodeid, name
             index = batch[-1][0]
 
     def _dot_nodeid(self, directory: Inode, name: bytes, st: os.stat_result) -> int:

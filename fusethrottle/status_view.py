@@ -170,7 +170,9 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
         lines.append("  errors       none from the target")
     lines += _memory_lines(s)
     lines.append(
-        f"  daemon       {s['inodes']} inodes held, {s['open_handles']} open handles; "
+        f"  daemon       {s['inodes']} inodes held (bound {s.get('inodes_bound', 0)}, "
+        f"{s.get('names_dropped', 0)} names handed back to the kernel), "
+        f"{s['open_handles']} open handles; "
         f"metrics {'http://' + m['metrics'] + '/metrics' if m['metrics'] else 'off'}"
     )
     return "\n".join(lines)

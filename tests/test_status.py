@@ -198,6 +198,8 @@ DOCUMENTED_ANSWER: dict[str, Any] = {
     "memory_cgroup_limit_bytes": 2 * GiB + 512 * MiB,
     "page_cache_drops": 4219,
     "inodes": 212,
+    "inodes_bound": 15000,
+    "names_dropped": 0,
     "open_handles": 2,
     "device": "0:52",
 }

@@ -136,6 +136,11 @@ DEFS: dict[str, MetricDef] = _defs(
     # the daemon
     MetricDef("fusethrottle_inodes", "gauge",
               "Inodes the kernel holds references to (each keeps one descriptor open)."),
+    MetricDef("fusethrottle_inodes_bound", "gauge",
+              "Past this many inodes the daemon asks the kernel to drop the oldest names it "
+              "holds (three quarters of the descriptor limit)."),
+    MetricDef("fusethrottle_kernel_names_dropped_total", "counter",
+              "Names the daemon asked the kernel to drop to stay within its descriptors."),
     MetricDef("fusethrottle_open_handles", "gauge",
               "Open file and directory handles."),
     MetricDef("fusethrottle_snapshot_age_seconds", "gauge",

@@ -121,6 +121,8 @@ def families(snap: Snapshot, age: float) -> list[Metric]:
     value("fusethrottle_memory_cgroup_limit_bytes", snap.memory_cgroup_limit_bytes)
     value("fusethrottle_page_cache_drops_total", snap.page_cache_drops)
     value("fusethrottle_inodes", snap.inodes)
+    value("fusethrottle_inodes_bound", snap.inodes_bound)
+    value("fusethrottle_kernel_names_dropped_total", snap.names_dropped)
     value("fusethrottle_open_handles", snap.open_handles)
     value("fusethrottle_snapshot_age_seconds", max(0.0, age))
     family("fusethrottle_build").add_metric([], dict(build_labels()))

@@ -154,6 +154,8 @@ class Snapshot:
     rates: Rates
     inodes: int
     open_handles: int
+    inodes_bound: int = 0
+    names_dropped: int = 0
     memory_cgroup: str = ""  # the daemon's own memory cgroup, or why it stayed where it was
     memory_cgroup_own: bool = False
     memory_cgroup_usage_bytes: int | None = None
@@ -294,5 +296,7 @@ def take_snapshot(
         rates=history.rates(now, totals, sample=sample),
         inodes=len(mount.inodes),
         open_handles=mount.ops.open_handles(),
+        inodes_bound=mount.kernel_entries.bounds.high if mount.kernel_entries else 0,
+        names_dropped=mount.kernel_entries.asked_total if mount.kernel_entries else 0,
         **_memory_facts(mount),
     )
