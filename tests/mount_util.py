@@ -238,8 +238,10 @@ def start_fusethrottle(
     log_path: Path | None = None,
     timeout: float = START_TIMEOUT,
     cgroup: Path | None = None,
+    prefix: Sequence[str] = (),
 ) -> Daemon:
-    argv = [FUSETHROTTLE, str(source), str(mountpoint), "-f"]
+    """*prefix*: a command that runs the daemon (``prlimit ... --``, say)."""
+    argv = [*prefix, FUSETHROTTLE, str(source), str(mountpoint), "-f"]
     if options:
         argv += ["-o", ",".join(options)]
     log_path = log_path or mountpoint.with_name(mountpoint.name + ".log")
