@@ -109,6 +109,7 @@ def build(
     root_fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     inodes = InodeTable(root_fd, os.fstat(root_fd))
     ledger = Ledger()
+    inodes.keep_path_of = ledger.lost  # named at unmount even if the kernel forgot them
     target_xattrs = target_has_xattrs(root_fd)
     # auto: offer xattrs exactly when the target has them (NFSv3 and EFS do not).
     xattrs = {"on": True, "off": False}.get(config.xattrs, target_xattrs)
@@ -415,7 +416,7 @@ class Daemon:
                 error = state.error if state is not None else None
                 log.error(
                     "not on the target: %s (%s)",
-                    _target_path(self.mount.inodes, nodeid),
+                    self.mount.inodes.path(nodeid),
                     os.strerror(error) if error is not None else "the target did not answer",
                 )
             log.error(
@@ -427,18 +428,15 @@ class Daemon:
         else:
             snap = self.mount.ledger.snapshot(trio.current_time())
             log.info("all data synced (%d bytes written through this mount)", snap.written_total)
-
-
-def _target_path(inodes: InodeTable, nodeid: int) -> str:
-    """Where a file is on the target, for the operator (its descriptor knows, whatever it was
-    renamed to since)."""
-    inode = inodes.get(nodeid)
-    if inode is not None:
-        try:
-            return os.readlink(f"/proc/self/fd/{inode.path_fd}")
-        except OSError:
-            pass
-    return f"inode {nodeid} (name unknown)"
+        # Files the target failed to store while mounted, whose writers were told: the exit
+        # status does not count them, but the operator needs their names all the same.
+        for nodeid, error in ledger.lost.items():
+            if nodeid not in failed and not self._removed(nodeid):
+                log.warning(
+                    "incomplete on the target: %s (%s; the error went to its writer)",
+                    self.mount.inodes.path(nodeid),
+                    os.strerror(error),
+                )
 
 
 def configure_logging(level: str, foreground: bool) -> None:

@@ -20,6 +20,7 @@ import errno
 import os
 import stat
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 import pyfuse3
@@ -86,6 +87,10 @@ class InodeTable:
         self._by_key: dict[tuple[int, int], Inode] = {}
         self._next_private = _PRIVATE_BASE
         self.root_dev = root_st.st_dev
+        #: Node ids whose path must outlive their descriptor (files left incomplete on the
+        #: target, named at unmount), and those paths once the descriptor is gone.
+        self.keep_path_of: Container[int] = ()
+        self.dropped_paths: dict[int, str] = {}
         root = Inode(ROOT, root_fd, (root_st.st_dev, root_st.st_ino), root_st.st_mode, 1 << 62)
         self._by_id[ROOT] = root
         self._by_key[root.key] = root
@@ -187,7 +192,19 @@ class InodeTable:
             del self._by_id[inode.nodeid]
         if self._by_key.get(inode.key) is inode:
             del self._by_key[inode.key]
+        if inode.nodeid in self.keep_path_of:
+            self.dropped_paths[inode.nodeid] = self.path(inode.nodeid)
         os.close(inode.path_fd)
+
+    def path(self, nodeid: int) -> str:
+        """Where the object is on the target now (for a log line: /proc knows, no target I/O)."""
+        inode = self._by_id.get(nodeid)
+        if inode is not None:
+            try:
+                return os.readlink(f"/proc/self/fd/{inode.path_fd}")
+            except OSError:
+                pass
+        return self.dropped_paths.get(nodeid, f"inode {nodeid} (name unknown)")
 
     def close_all(self) -> None:
         for inode in list(self._by_id.values()):

@@ -570,6 +570,7 @@ class Operations(pyfuse3.Operations):
             node.capability_to_drop = False
         self.events.bytes_written(written)
         if failed:
+            self.ledger.lost_data(node.nodeid, failed[0].errno or errno.EIO)
             raise failed[0]  # after the written part is accounted for (it needs its fsync)
         return written
 

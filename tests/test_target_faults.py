@@ -114,13 +114,15 @@ def stopped(daemon: Daemon) -> int | None:
 def test_a_full_target_fails_the_backup_with_enospc_and_the_next_one_succeeds(
     workdir: Path, cache: str
 ) -> None:
-    """A 64 MiB backup into a 32 MiB target: the writer gets ENOSPC (from the write without
-    the writeback cache, from the fsync with it), once; status and metrics show it; the daemon
-    keeps serving; once the failed backup is deleted the next one arrives intact; the unmount
-    exits 0, since the writer was told of everything that did not arrive."""
+    """A 64 MiB backup into a 32 MiB target that holds an older 12 MiB one: the writer gets
+    ENOSPC (from the write without the writeback cache, from the fsync with it), once; status
+    and metrics show it; the daemon keeps serving; once the old backup is deleted the next one
+    arrives intact; the unmount exits 0, since the writer was told of everything that did not
+    arrive, and names the incomplete file."""
     with small_target("32M") as root:
         source = root / "backups"
         source.mkdir()
+        (source / "old.bin").write_bytes(b"o" * 12 * MiB)
         mnt = workdir / "mnt"
         mnt.mkdir()
         port = free_port()
@@ -139,14 +141,21 @@ def test_a_full_target_fails_the_backup_with_enospc_and_the_next_one_succeeds(
             metric = 'fusethrottle_target_errors_total{errno="ENOSPC",op="write"}'
             assert wait_for(lambda: metric in scrape(port), 10)  # published twice a second
 
-            (mnt / "big.bin").unlink()  # the operator frees space
-            assert wait_for(lambda: free_bytes(root) > 16 * MiB, 30)
+            (mnt / "old.bin").unlink()  # the operator frees space
+            assert wait_for(lambda: free_bytes(root) > 10 * MiB, 30)
             assert back_up(mnt / "next.bin", 8) == []
             assert is_backup(source / "next.bin", 8)
         finally:
             code = stopped(daemon)
     assert code == 0, daemon.log()
     assert "all data synced" in daemon.log()
+    assert named(daemon, "incomplete on the target:") == [source / "big.bin"]
+
+
+def named(daemon: Daemon, words: str) -> list[Path]:
+    """The files the daemon's log names after *words* (its unmount report)."""
+    lines = [line.split(words, 1)[1] for line in daemon.log().splitlines() if words in line]
+    return [Path(line.strip().rsplit(" (", 1)[0]) for line in lines]
 
 
 def test_a_write_the_target_takes_only_in_part_is_not_acknowledged_whole(workdir: Path) -> None:
@@ -252,6 +261,8 @@ def test_a_background_fsyncs_enospc_reaches_the_writer_exactly_once(
         finally:
             code = stopped(daemon)
     assert code == 0, daemon.log()  # the writer was told
+    assert named(daemon, "incomplete on the target:") == [source / "big.bin"]
+    assert named(daemon, "not on the target:") == []
 
 
 def test_an_unmount_that_leaves_data_off_the_target_exits_1_naming_each_file(
@@ -280,8 +291,6 @@ def test_an_unmount_that_leaves_data_off_the_target_exits_1_naming_each_file(
         finally:
             stopped(daemon)
     assert code == 1, daemon.log()
-    named = [line for line in daemon.log().splitlines() if "not on the target:" in line]
-    assert any(
-        line.endswith(f"{source / 'big.bin'} (No space left on device)") for line in named
-    ), named
-    assert not any("small.bin" in line for line in named), named
+    assert f"not on the target: {source / 'big.bin'} (No space left on device)" in daemon.log()
+    assert named(daemon, "not on the target:") == [source / "big.bin"]
+    assert named(daemon, "incomplete on the target:") == []  # named once, above
