@@ -79,6 +79,14 @@ def grow(span: tuple[int, int] | None, offset: int, length: int) -> tuple[int, i
     return (min(span[0], offset), max(span[1], offset + length))
 
 
+def _fd_path(fd: int) -> str | None:
+    """The path of what *fd* refers to, from /proc (no I/O on the target)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+
+
 class InodeTable:
     """Maps node ids to :class:`Inode` and counts the kernel's references to each."""
 
@@ -188,23 +196,19 @@ class InodeTable:
         """Forget an unreferenced inode and close its descriptor."""
         if inode.lookups > 0 or inode.nodeid == ROOT:
             return
+        if inode.nodeid in self.keep_path_of:
+            self.dropped_paths[inode.nodeid] = _fd_path(inode.path_fd) or f"inode {inode.nodeid}"
         if self._by_id.get(inode.nodeid) is inode:
             del self._by_id[inode.nodeid]
         if self._by_key.get(inode.key) is inode:
             del self._by_key[inode.key]
-        if inode.nodeid in self.keep_path_of:
-            self.dropped_paths[inode.nodeid] = self.path(inode.nodeid)
         os.close(inode.path_fd)
 
     def path(self, nodeid: int) -> str:
-        """Where the object is on the target now (for a log line: /proc knows, no target I/O)."""
+        """Where the object is on the target now (for a log line)."""
         inode = self._by_id.get(nodeid)
-        if inode is not None:
-            try:
-                return os.readlink(f"/proc/self/fd/{inode.path_fd}")
-            except OSError:
-                pass
-        return self.dropped_paths.get(nodeid, f"inode {nodeid} (name unknown)")
+        known = _fd_path(inode.path_fd) if inode is not None else None
+        return known or self.dropped_paths.get(nodeid, f"inode {nodeid} (name unknown)")
 
     def close_all(self) -> None:
         for inode in list(self._by_id.values()):
