@@ -58,9 +58,11 @@ class WriteBudget:
             self.on_admission_wait(waited)
         try:
             written = await send()
-        except BaseException:
+        except BaseException as exc:
             self.ledger.unreserve(nbytes)
             self.gate.wake()
+            if isinstance(exc, OSError) and exc.errno is not None:
+                self.ledger.lost_data(nodeid, exc.errno)
             raise
         self.ledger.written(nodeid, nbytes, written, trio.current_time())
         if written != nbytes:

@@ -118,6 +118,7 @@ def build(
     root_fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     inodes = InodeTable(root_fd, os.fstat(root_fd))
     ledger = Ledger()
+    inodes.keep_path_of = ledger.lost  # named at unmount even if the kernel forgot them
     target_xattrs = target_has_xattrs(root_fd)
     # auto: offer xattrs exactly when the target has them (NFSv3 and EFS do not).
     xattrs = {"on": True, "off": False}.get(config.xattrs, target_xattrs)
@@ -422,23 +423,51 @@ class Daemon:
         )
         self._serve_scope.cancel()
 
+    def _removed(self, nodeid: int) -> bool:
+        inode = self.mount.inodes.get(nodeid)
+        return inode is not None and inode.removed is not None
+
     async def _flush_everything(self) -> None:
         timeout = self.mount.config.unmount_timeout
+        ledger = self.mount.ledger
         with trio.move_on_after(timeout) as scope:
             failed = await self.mount.flusher.flush_all("unmount")
         if scope.cancelled_caught:
-            failed = [n for n, s in self.mount.ledger.files.items() if s.unsynced > 0]
+            failed = [n for n, s in ledger.files.items() if s.unsynced > 0]
+        # A failed injected fsync nobody was told of lost data, even if a retry then "succeeded"
+        # (the target had already dropped the pages it could not write); unless the file is gone.
+        failed += [
+            n
+            for n, s in ledger.files.items()
+            if s.error is not None and n not in failed and not self._removed(n)
+        ]
         if failed:
+            for nodeid in failed:
+                state = ledger.file(nodeid)
+                error = state.error if state is not None else None
+                log.error(
+                    "not on the target: %s (%s)",
+                    self.mount.inodes.path(nodeid),
+                    os.strerror(error) if error is not None else "the target did not answer",
+                )
             log.error(
-                "%d file(s) could not be synced before exit (inodes %s): %s",
+                "%d file(s) could not be synced before exit: %s",
                 len(failed),
-                ", ".join(map(str, failed[:20])),
                 "target did not answer in time" if scope.cancelled_caught else "fsync failed",
             )
             self.exit_code = 1
         else:
             snap = self.mount.ledger.snapshot(trio.current_time())
             log.info("all data synced (%d bytes written through this mount)", snap.written_total)
+        # Files the target failed to store while mounted, whose writers were told: the exit
+        # status does not count them, but the operator needs their names all the same.
+        for nodeid, error in ledger.lost.items():
+            if nodeid not in failed and not self._removed(nodeid):
+                log.warning(
+                    "incomplete on the target: %s (%s; the error went to its writer)",
+                    self.mount.inodes.path(nodeid),
+                    os.strerror(error),
+                )
 
 
 def configure_logging(level: str, foreground: bool) -> None:

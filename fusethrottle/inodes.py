@@ -20,7 +20,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 
 import pyfuse3
@@ -90,6 +90,14 @@ def grow(span: tuple[int, int] | None, offset: int, length: int) -> tuple[int, i
     return (min(span[0], offset), max(span[1], offset + length))
 
 
+def _fd_path(fd: int) -> str | None:
+    """The path of what *fd* refers to, from /proc (no I/O on the target)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+
+
 class InodeTable:
     """Maps node ids to :class:`Inode` and counts the kernel's references to each."""
 
@@ -100,6 +108,10 @@ class InodeTable:
         self.root_dev = root_st.st_dev
         #: (size, callback): called whenever a registration takes the table past that size.
         self.on_full: tuple[int, Callable[[], None]] | None = None
+        #: Node ids whose path must outlive their descriptor (files left incomplete on the
+        #: target, named at unmount), and those paths once the descriptor is gone.
+        self.keep_path_of: Container[int] = ()
+        self.dropped_paths: dict[int, str] = {}
         root = Inode(ROOT, root_fd, (root_st.st_dev, root_st.st_ino), root_st.st_mode, 1 << 62)
         self._by_id[ROOT] = root
         self._by_key[root.key] = root
@@ -203,11 +215,19 @@ class InodeTable:
         """Forget an unreferenced inode and close its descriptor."""
         if inode.lookups > 0 or inode.nodeid == ROOT:
             return
+        if inode.nodeid in self.keep_path_of:
+            self.dropped_paths[inode.nodeid] = _fd_path(inode.path_fd) or f"inode {inode.nodeid}"
         if self._by_id.get(inode.nodeid) is inode:
             del self._by_id[inode.nodeid]
         if self._by_key.get(inode.key) is inode:
             del self._by_key[inode.key]
         os.close(inode.path_fd)
+
+    def path(self, nodeid: int) -> str:
+        """Where the object is on the target now (for a log line)."""
+        inode = self._by_id.get(nodeid)
+        known = _fd_path(inode.path_fd) if inode is not None else None
+        return known or self.dropped_paths.get(nodeid, f"inode {nodeid} (name unknown)")
 
     def close_all(self) -> None:
         for inode in list(self._by_id.values()):

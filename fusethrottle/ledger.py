@@ -15,12 +15,30 @@ data the kernel may still hold as Dirty/Writeback pages on behalf of this mount.
 
 Error semantics follow the kernel's errseq model: a failed fsync's errno is kept on the file and
 handed out once, to the next write, fsync or close of that file (:meth:`take_error`).
+
+Files whose data the target failed to store (``lost``) are remembered apart from that, for the
+unmount's report: the writer was told, but the operator should not have to search for which
+backups are incomplete. A retried fsync that succeeds does not clear it (the target dropped the
+pages it could not write); only the data ceasing to matter does (unlinked, truncated to zero).
 """
 
 from __future__ import annotations
 
+import errno as errno_mod
 from collections.abc import Container
 from dataclasses import dataclass
+
+#: Errors of a write or fsync that mean the target did not store the data (not a bad request).
+LOSS_ERRNOS = frozenset(
+    {
+        errno_mod.ENOSPC,
+        errno_mod.EDQUOT,
+        errno_mod.EFBIG,
+        errno_mod.EIO,
+        errno_mod.EROFS,
+        errno_mod.ETIMEDOUT,
+    }
+)
 
 
 def sync_trigger(batch: int, window: int) -> int:
@@ -86,6 +104,8 @@ class Ledger:
         self.written_total = 0
         self.synced_total = 0
         self.failed_syncs = 0
+        #: node id -> errno of the first failure that left the file incomplete on the target.
+        self.lost: dict[int, int] = {}
 
     # --- totals ----------------------------------------------------------------------------
     @property
@@ -134,8 +154,14 @@ class Ledger:
         state.released = True
         return True
 
+    def lost_data(self, nodeid: int, error: int) -> None:
+        """The target failed to store some of the file's data (a write or fsync failed)."""
+        if error in LOSS_ERRNOS:
+            self.lost.setdefault(nodeid, error)
+
     def discard(self, nodeid: int) -> int:
         """The file's data needs no sync any more (unlinked, or truncated to zero)."""
+        self.lost.pop(nodeid, None)
         state = self.files.get(nodeid)
         if state is None:
             return 0
@@ -168,6 +194,8 @@ class Ledger:
         the bytes leave the ledger instead of waiting for a retry.
         """
         state = self._state(ticket.nodeid)
+        if error is not None:
+            self.lost_data(ticket.nodeid, error)
         covered = min(ticket.nbytes, state.syncing)
         state.syncing -= covered
         if state.syncing == 0:

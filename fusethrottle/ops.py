@@ -248,6 +248,21 @@ class Operations(pyfuse3.Operations):
         if error is not None:
             raise pyfuse3.FUSEError(error)
 
+    async def _report_pending(self, handle: FileHandle) -> None:
+        """Hand a failed injected fsync's errno to the application through *handle*, once.
+
+        The target keeps its own record of that failure for this descriptor (errseq: it was
+        open before the failed sync), so the application's next fsync would hear of it a
+        second time. An fdatasync here consumes that record; whatever it reports is the same
+        failure, or one after it that this report covers as the kernel's errseq would.
+        """
+        error = self.ledger.take_error(handle.inode.nodeid)
+        if error is None:
+            return
+        with contextlib.suppress(OSError):
+            await self.backend.fsync(handle.caller, handle.fd, True)
+        raise pyfuse3.FUSEError(error)
+
     def _open_flags(self, flags: int) -> int:
         if self.enable_writeback_cache:
             # The kernel then reads pages to fill partial writes and positions appends itself.
@@ -555,15 +570,22 @@ class Operations(pyfuse3.Operations):
             # With the cache, this request is the kernel writing back pages the application
             # wrote earlier: failing it would drop that data, not tell the application. The
             # error goes to its next fsync or close instead (flush, fsync).
-            self._raise_pending(node.nodeid)
+            await self._report_pending(handle)
         if self.ceilings is not None:
             await self.ceilings.wait(OpClass.DATA_WRITE, len(buf))
         drop = node.capability_to_drop
 
+        failed: list[OSError] = []
+
         async def send() -> int:
-            return await self.backend.pwrite(
+            written = await self.backend.pwrite(
                 handle.caller, handle.fd, buf, off, handle.direct, drop
             )
+            if self.enable_writeback_cache and written < len(buf):
+                # The kernel takes the count of a write-back reply for all of it: short would
+                # be a silently short file. Write the rest, or fail the whole request.
+                written = await self._write_rest(handle, buf, off, written, failed)
+            return written
 
         # With the writeback cache the kernel sends up to a dozen writes of one file at once.
         # The target serialises them on the file's lock anyway; in parallel they only spin on
@@ -577,12 +599,34 @@ class Operations(pyfuse3.Operations):
         if drop:
             node.capability_to_drop = False
         self.events.bytes_written(written)
+        if failed:
+            self.ledger.lost_data(node.nodeid, failed[0].errno or errno.EIO)
+            raise failed[0]  # after the written part is accounted for (it needs its fsync)
+        return written
+
+    async def _write_rest(
+        self, handle: FileHandle, buf: bytes, off: int, written: int, failed: list[OSError]
+    ) -> int:
+        """Continue a short write-back write; an error ends it in *failed* (what it wrote
+        still counts)."""
+        while written < len(buf):
+            try:
+                n = await self.backend.pwrite(
+                    handle.caller, handle.fd, buf[written:], off + written, handle.direct, False
+                )
+            except OSError as err:
+                failed.append(err)
+                break
+            if n <= 0:
+                failed.append(OSError(errno.EIO, "the target accepted no more of a write"))
+                break
+            written += n
         return written
 
     @_replies
     async def flush(self, fh: int) -> None:
         handle = self._handle(fh)
-        self._raise_pending(handle.inode.nodeid)
+        await self._report_pending(handle)
         await self.backend.flush(handle.caller, handle.fd)
 
     @_replies
@@ -606,6 +650,9 @@ class Operations(pyfuse3.Operations):
             await self.backend.fsync(handle.caller, handle.fd, bool(datasync))
         except OSError as err:
             self.budget.end_sync(ticket, err.errno, trio.current_time(), reported=True)
+            # The target reported it on this descriptor: a kept error of an injected sync is
+            # the same failure (or an earlier one), and the application hears of it only once.
+            self.ledger.take_error(nodeid)
             self.events.fsync("application", trio.current_time() - start, ticket.nbytes, err.errno)
             raise
         self.budget.end_sync(ticket, None, trio.current_time())

@@ -240,7 +240,8 @@ def start_fusethrottle(
     cgroup: Path | None = None,
     wrapper: Sequence[str] = (),
 ) -> Daemon:
-    """*wrapper*: a command the daemon runs under (e.g. setpriv taking capabilities away)."""
+    """*wrapper*: a command the daemon runs under (setpriv taking capabilities away,
+    ``prlimit ... --``)."""
     argv = [*wrapper, FUSETHROTTLE, str(source), str(mountpoint), "-f"]
     if options:
         argv += ["-o", ",".join(options)]

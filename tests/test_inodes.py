@@ -52,3 +52,23 @@ def test_a_reused_inode_number_is_a_new_node(tmp_path: Path) -> None:
     table.drop(old)
     assert table.find(reused) is new  # dropping the old node leaves the new one alone
     table.close_all()
+
+
+def test_a_kept_path_outlives_its_descriptor(tmp_path: Path) -> None:
+    """Files named at unmount keep their path when the kernel forgets them first (renamed
+    since they were looked up: the descriptor knows the new name)."""
+    root = os.open(tmp_path, os.O_PATH)
+    table = InodeTable(root, os.fstat(root))
+    (tmp_path / "kept").write_bytes(b"x")
+    (tmp_path / "other").write_bytes(b"y")
+    kept = table.register(*_open(tmp_path / "kept"))
+    other = table.register(*_open(tmp_path / "other"))
+    table.keep_path_of = {kept.nodeid}
+    os.rename(tmp_path / "kept", tmp_path / "renamed")
+    for inode in (kept, other):
+        table.forget(inode.nodeid, 1)
+        table.drop(inode)
+    assert table.get(kept.nodeid) is None
+    assert table.path(kept.nodeid) == str(tmp_path / "renamed")
+    assert "name unknown" in table.path(other.nodeid)
+    table.close_all()

@@ -144,3 +144,21 @@ def test_failed_sync_keeps_bytes_and_backs_off() -> None:
     assert ledger.due(1.0, batch=64, window=1000, max_age=30.0, pressure=False) == []
     assert ledger.due(100.0, batch=64, window=1000, max_age=30.0, pressure=False) == [(2, "batch")]
     assert ledger.snapshot(1.0).failed_syncs == 1
+
+
+def test_a_file_the_target_failed_to_store_stays_lost_until_its_data_stops_mattering() -> None:
+    """A failed fsync leaves the file incomplete on the target even once a retry succeeds (the
+    pages it could not write are gone); unlink or truncation to zero ends that. A bad request
+    (EINVAL) is not data the target lost."""
+    ledger = Ledger()
+    ledger.reserve(100)
+    ledger.written(2, 100, 100, now=0.0)
+    ledger.end_sync(ledger.begin_sync(2), errno.ENOSPC, now=1.0)
+    ledger.end_sync(ledger.begin_sync(2), None, now=2.0)
+    assert ledger.lost == {2: errno.ENOSPC}
+    ledger.lost_data(3, errno.EINVAL)
+    ledger.lost_data(3, errno.EDQUOT)
+    ledger.lost_data(3, errno.EIO)
+    assert ledger.lost == {2: errno.ENOSPC, 3: errno.EDQUOT}  # the first failure names it
+    ledger.discard(2)
+    assert ledger.lost == {3: errno.EDQUOT}

@@ -5,6 +5,7 @@ hung target freezes only the paths that lead into it.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import select
@@ -296,6 +297,73 @@ def test_killed_daemon_leaves_a_stale_mount_that_can_be_cleared(make_mount: Make
     assert (second.mountpoint / "before").read_text() == "written before the crash"
     (second.mountpoint / "after").write_text("and after it")
     assert (first.source / "after").read_text() == "and after it"
+
+
+FSYNCING_WRITER = textwrap.dedent(
+    """
+    import os, sys
+    fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644)
+    acked, i = 0, 0
+    while True:
+        try:
+            n = os.write(fd, bytes([i % 251]) * 65536)
+            os.fsync(fd)
+        except OSError as err:
+            print("error", err.errno, flush=True)
+            break
+        if n != 65536:
+            print("short write", n, flush=True)
+            break
+        acked += n
+        i += 1
+        print(acked, flush=True)
+    """
+)
+CLEAR_STALE_MOUNT = Path(__file__).parents[1] / "systemd" / "clear-stale-mount"
+
+
+@needs_root  # clear-stale-mount unmounts with umount(8)
+def test_a_daemon_killed_mid_backup_fails_the_writer_keeps_what_was_fsynced_and_restarts(
+    make_mount: MakeMount,
+) -> None:
+    """SIGKILL while a backup writes and fsyncs: its next call fails (the mount is gone: no
+    hang), every byte an fsync acknowledged is on the target, and what systemd does next
+    (fusethrottle@.service: ExecStartPre=clear-stale-mount, then ExecStart) serves again.
+    systemd need not run here: the unit's two commands are run as it would run them."""
+    first = make_mount(options=["defaults"])
+    assert first.source is not None
+    writer = subprocess.Popen(
+        [sys.executable, "-c", FSYNCING_WRITER, str(first.mountpoint / "stream")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        seen = read_lines_until(writer, lambda line: line.isdigit() and int(line) >= (1 << 20))
+        first.signal(signal.SIGKILL)
+        assert first.wait(30) == -signal.SIGKILL
+        try:
+            out, _ = writer.communicate(timeout=60)  # bounds a hang; no claim on speed
+        except subprocess.TimeoutExpired:
+            pytest.fail("the writer hung on the dead mount")
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    lines = [*seen, *out.split()]
+    assert out.splitlines()[-1] in (f"error {errno.ENOTCONN}", f"error {errno.ECONNABORTED}"), out
+    acked = max(int(line) for line in lines if line.isdigit())
+    assert (first.source / "stream").read_bytes()[:acked] == expected_stream(acked)
+
+    assert first.is_mounted()  # stale: "Transport endpoint is not connected"
+    cleared = subprocess.run(
+        [str(CLEAR_STALE_MOUNT), str(first.mountpoint)], capture_output=True, text=True, timeout=60
+    )
+    assert cleared.returncode == 0, cleared.stderr
+    assert not mounted(first.mountpoint)
+    second = make_mount(source=first.source, options=["defaults"])
+    assert (second.mountpoint / "stream").read_bytes()[:acked] == expected_stream(acked)
+    (second.mountpoint / "after").write_text("served again")
+    assert (first.source / "after").read_text() == "served again"
 
 
 # --- a hung target ------------------------------------------------------------------------------
