@@ -40,9 +40,9 @@ from .kernel_cache import KernelCache
 from .kernel_entries import KernelEntries, bounds_for
 from .kernel_pages import KernelPages, find_fuse_device_fd
 from .ledger import Ledger
-from .memory_cgroup import OwnMemoryCgroup
+from .memory_cgroup import OwnMemoryCgroup, in_memory_target
 from .meter import Meter, profile_for
-from .mountinfo import find_mount
+from .mountinfo import containing_mount, find_mount, mounts
 from .ops import Operations
 from .options import Config, memory_cgroup_limit
 from .target_calls import target_has_xattrs
@@ -505,10 +505,14 @@ def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
 
     # Before anything touches the target: its page cache is charged to whoever writes it.
     own_cgroup = OwnMemoryCgroup(memory_cgroup_limit(config))
-    if config.memory_cgroup == "auto":
-        own_cgroup.enter()
-    else:
+    source_mount = containing_mount(os.path.realpath(config.source), mounts())
+    in_memory = in_memory_target(source_mount.fstype) if source_mount is not None else None
+    if config.memory_cgroup != "auto":
         own_cgroup.reason = "memory_cgroup=off"
+    elif in_memory:
+        own_cgroup.reason = in_memory
+    else:
+        own_cgroup.enter()
     try:
         meter = Meter(profile_for(config))  # one per mount: the ceilings' and the metrics'
         events, observer, extra = attach_metrics(config, meter)

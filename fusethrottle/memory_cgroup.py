@@ -92,6 +92,25 @@ def should_move(hierarchy: Hierarchy, pid: int) -> str | None:
     return None
 
 
+#: File systems whose files are the page cache: nothing of theirs can be reclaimed.
+IN_MEMORY_FSTYPES = frozenset({"tmpfs", "ramfs"})
+
+
+def in_memory_target(fstype: str) -> str | None:
+    """Why the daemon must not give its target I/O a memory limit of its own (None: it may).
+
+    The files of a tmpfs target are charged to whoever writes them and cannot be written back
+    and dropped like the page cache of NFS or a disk: a limit would fill with them and end in
+    the OOM killer taking the daemon (seen with a million small files on tmpfs).
+    """
+    if fstype in IN_MEMORY_FSTYPES:
+        return (
+            f"SOURCE is on {fstype}: its files cannot be reclaimed, "
+            "a memory limit would end in the OOM killer"
+        )
+    return None
+
+
 class OwnMemoryCgroup:
     """The daemon's own memory cgroup: :meth:`enter` before the target is touched, :meth:`leave`
     at exit. Both are best effort: a host that refuses is logged once, never fatal."""

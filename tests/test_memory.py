@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import MakeMount
 from mount_util import FUSETHROTTLE, start_fusethrottle
 from slow_target import SlowTarget, skip_reason, slow_target
 
@@ -155,6 +156,35 @@ def test_by_default_the_backup_leaves_no_cache_in_the_applications_cgroup(
     assert not (MEMORY / own.lstrip("/")).exists(), "the daemon's cgroup outlived it"
     assert cached < 48 * MiB, f"{cached / MiB:.0f} MiB of a 192 MiB backup stayed cached"
     assert sha256_of(source / "backup.bin") == sha256_of(payload)
+
+
+def test_over_a_tmpfs_target_the_daemon_takes_no_memory_limit(
+    make_mount: MakeMount, workdir: Path
+) -> None:
+    """A tmpfs target's files are its page cache and cannot be reclaimed: under a limit of its
+    own the daemon would be killed by the OOM killer once they fill it (a million small files
+    did). It stays where it started and says why; the backup still arrives."""
+    tmpfs = workdir / "tmpfs"
+    tmpfs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(tmpfs)], check=True)
+    try:
+        before = daemon_memory_cgroup(os.getpid())
+        mnt = make_mount(tmpfs)
+        assert daemon_memory_cgroup(mnt.pid) == before
+        (mnt.mountpoint / "backup.bin").write_bytes(b"x" * MiB)
+        out = subprocess.run(
+            [FUSETHROTTLE, "status", str(mnt.mountpoint), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        snap = json.loads(out.stdout)
+        assert not snap["memory_cgroup_own"]
+        assert "SOURCE is on tmpfs" in snap["memory_cgroup"], snap["memory_cgroup"]
+        assert mnt.stop() == 0
+        assert (tmpfs / "backup.bin").read_bytes() == b"x" * MiB
+    finally:
+        subprocess.run(["umount", "-l", str(tmpfs)], check=False)
 
 
 def test_in_a_shared_cgroup_synced_data_is_dropped_unless_told_to_keep_it(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fusethrottle.memory_cgroup import Hierarchy, find_hierarchy, should_move
+from fusethrottle.memory_cgroup import Hierarchy, find_hierarchy, in_memory_target, should_move
 from fusethrottle.mountinfo import MountInfo
 
 HYBRID_CGROUP = """12:memory:/process_api/7a7f
@@ -55,3 +55,11 @@ def test_a_systemd_unit_or_a_daemon_already_moved_stays() -> None:
     assert should_move(mount_unit, 42) is not None
     moved = Hierarchy(1, root, root / "fusethrottle" / "42")
     assert should_move(moved, 42) is not None
+
+
+def test_a_target_kept_in_memory_gets_no_limit_of_its_own() -> None:
+    for fstype in ("tmpfs", "ramfs"):
+        reason = in_memory_target(fstype)
+        assert reason is not None and fstype in reason and "OOM" in reason
+    for fstype in ("nfs4", "nfs", "ext4", "xfs", "fuse.sshfs"):
+        assert in_memory_target(fstype) is None
