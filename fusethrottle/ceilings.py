@@ -137,6 +137,18 @@ class TokenBucket:
             return 0.0
         return -self._tokens / self.rate + max(self._last - now, 0.0)
 
+    def set_rate(self, now: float, rate: float, burst: float) -> None:
+        """Change the rate from *now* on (the fleet budget's share moves); debt is kept, so the
+        callers already queued keep their place. A rate of 0 makes the bucket unlimited."""
+        if rate < 0:
+            raise ValueError("rate must not be negative")
+        was_unlimited = self.unlimited
+        self._refill(now)
+        self.rate = float(rate)
+        self.burst = max(float(burst), 1.0) if rate > 0 else float(burst)
+        self._tokens = self.burst if was_unlimited else min(self._tokens, self.burst)
+        self._last = max(self._last, now)
+
     def refund(self, now: float, amount: float) -> None:
         """Give back a reservation that was not used (its waiter gave up or failed)."""
         if self.unlimited or amount <= 0:
