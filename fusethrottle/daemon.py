@@ -33,6 +33,8 @@ from .budget import WriteBudget
 from .ceilings import Ceilings
 from .controller import Controller, make_controller
 from .events import Events, NullEvents
+from .fleet import FleetBudget
+from .fleet import from_config as fleet_from_config
 from .flusher import Flusher
 from .inodes import InodeTable
 from .kernel_cache import KernelCache
@@ -79,6 +81,8 @@ class Mount:
     kernel_pages: KernelPages
     #: Where the target's page cache is charged (set by serve; None in tests that build alone).
     memory_cgroup: OwnMemoryCgroup | None = None
+    #: This mount's part of a fleet budget (budget=redis://...), drawn from by the ceilings.
+    fleet: FleetBudget | None = None
 
 
 def effective_window(window: int, commit_rate: float | None) -> int:
@@ -165,11 +169,13 @@ def build(
         kernel_pages=kernel_pages,
     )
     flusher_ref.append(flusher)
+    fleet = fleet_from_config(config)
     ceilings = Ceilings(
         meter,
         metered_limit=config.metered_limit,
         ops_limit=config.ops_limit,
         throttle_reads=config.throttle_reads,
+        fleet=fleet,
     )
     ops = Operations(
         backend=backend,
@@ -198,6 +204,7 @@ def build(
         kernel_cache,
         total_window,
         kernel_pages,
+        fleet=fleet,
     )
 
 
@@ -258,6 +265,8 @@ class Daemon:
                 await nursery.start(self.mount.kernel_pages.run)
                 await nursery.start(self.mount.flusher.run)
                 await nursery.start(self.mount.backend.run_closer)
+                if self.mount.fleet is not None:
+                    await nursery.start(self.mount.fleet.run)
                 nursery.start_soon(self._signals)
                 nursery.start_soon(self._announce_ready, config.mountpoint)
                 nursery.start_soon(self._watch_unmount)

@@ -30,15 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .fleet_share import GRANT_CAP_SECONDS, Grant
+from .fleet_share import BUCKET_SECONDS, GRANT_CAP_SECONDS, Grant
 
 if TYPE_CHECKING:
     from .options import BudgetAddress
 
 log = logging.getLogger(__name__)
 
-#: The shared bucket holds at most this many seconds of the fleet rate.
-BUCKET_SECONDS = 0.25
 #: Connect and per-call timeout: Redis on the same network answers in a millisecond or two.
 DEFAULT_TIMEOUT = 0.5
 #: The environment variable naming the password file (when ``budget_password_file=`` is unset).

@@ -37,10 +37,14 @@ LEASE_TARGET_UNITS = 4096.0
 #: Bounds on how long one lease lasts at the mount's share.
 LEASE_MIN_SECONDS = 0.1
 LEASE_MAX_SECONDS = 1.0
+#: The shared bucket in Redis holds at most this many seconds of the fleet rate: what the whole
+#: fleet may spend above its rate in any window (after a pause). A lease is at most half of it,
+#: so a greedy fleet's asks are not cut short by a bucket smaller than one lease.
+BUCKET_SECONDS = 0.5
 #: Redis never grants more than this many seconds of a mount's share in one lease.
 GRANT_CAP_SECONDS = LEASE_MAX_SECONDS
 #: Ask for the next lease when what is left lasts less than this at the current pace.
-RENEW_AHEAD = 0.15
+RENEW_AHEAD = 0.1
 #: A mount with no demand for this long gives its lease back and leaves the active set.
 IDLE_RELEASE = 0.3
 #: Unspent tokens are dropped this many lease periods after their grant.
@@ -67,13 +71,25 @@ class Grant:
     weight_sum: float
 
 
-def lease_seconds(share_metered: float, share_units: float) -> float:
-    """How long one lease should last at this share (see the module docstring)."""
+def lease_seconds(
+    share_metered: float,
+    share_units: float,
+    fleet_metered: float = 0.0,
+    fleet_units: float = 0.0,
+) -> float:
+    """How long one lease should last at this share (see the module docstring).
+
+    With the fleet's rates known, a lease is also at most half of the shared bucket.
+    """
     candidates = []
-    if share_metered > 0:
-        candidates.append(LEASE_TARGET_BYTES / share_metered)
-    if share_units > 0:
-        candidates.append(LEASE_TARGET_UNITS / share_units)
+    for share, fleet, target in (
+        (share_metered, fleet_metered, LEASE_TARGET_BYTES),
+        (share_units, fleet_units, LEASE_TARGET_UNITS),
+    ):
+        if share > 0:
+            candidates.append(target / share)
+            if fleet > 0:
+                candidates.append(fleet * BUCKET_SECONDS / 2 / share)
     if not candidates:
         return LEASE_MAX_SECONDS
     return min(LEASE_MAX_SECONDS, max(LEASE_MIN_SECONDS, min(candidates)))
@@ -128,6 +144,11 @@ class LeasePool:
         self.next_ask = now
         self.share_metered = 0.0  # the last share Redis told us (0: none known)
         self.share_units = 0.0
+        self.fleet_metered = 0.0  # the fleet's rates, as last granted
+        self.fleet_units = 0.0
+        # Which resources the fleet limits (a budget may set only one); both until told.
+        self.limits_metered = True
+        self.limits_units = True
         self._pace_metered = TokenBucket(0, 1, now)
         self._pace_units = TokenBucket(0, 1, now)
 
@@ -137,6 +158,8 @@ class LeasePool:
         self.last_demand = now
         if self.leasing:
             self._expire(now)
+            metered = metered if self.limits_metered else 0.0
+            units = units if self.limits_units else 0.0
             if (metered > 0 and self.balance_metered <= 0) or (
                 units > 0 and self.balance_units <= 0
             ):
@@ -150,8 +173,8 @@ class LeasePool:
     def refund(self, now: float, metered: float, units: float) -> None:
         """A reserved request never went (its waiter was cancelled): give its tokens back."""
         if self.leasing:
-            self.balance_metered += metered
-            self.balance_units += units
+            self.balance_metered += metered if self.limits_metered else 0.0
+            self.balance_units += units if self.limits_units else 0.0
         self._pace_metered.refund(now, metered)
         self._pace_units.refund(now, units)
 
@@ -168,30 +191,35 @@ class LeasePool:
         return self._runs_out_within(RENEW_AHEAD)
 
     def _runs_out_within(self, seconds: float) -> bool:
-        for balance, pace in (
-            (self.balance_metered, self._pace_metered.rate),
-            (self.balance_units, self._pace_units.rate),
-        ):
-            if pace > 0 and balance <= pace * seconds:
-                return True
-        return self.balance_metered <= 0 and self.balance_units <= 0
+        limited = [
+            (balance, pace)
+            for balance, pace, limits in (
+                (self.balance_metered, self._pace_metered.rate, self.limits_metered),
+                (self.balance_units, self._pace_units.rate, self.limits_units),
+            )
+            if limits
+        ]
+        return any(balance <= max(pace * seconds, 0.0) for balance, pace in limited)
 
     def want(self) -> tuple[float, float]:
-        """Tokens to ask for: one lease at the last known share, plus any debt.
+        """Tokens to ask for: one lease at the last known share, plus any debt. (What is left
+        of the current lease is spent before the new one: renewal comes RENEW_AHEAD early.)
 
         Before the first grant the share is unknown: ask for one target-sized lease; Redis caps
         it at the real share.
         """
         if self.share_metered > 0 or self.share_units > 0:
-            seconds = lease_seconds(self.share_metered, self.share_units)
+            seconds = self.period
             metered = self.share_metered * seconds
             units = self.share_units * seconds
         else:
             metered, units = float(LEASE_TARGET_BYTES), LEASE_TARGET_UNITS
-        return (
-            max(0.0, metered - max(self.balance_metered, 0.0)) + max(0.0, -self.balance_metered),
-            max(0.0, units - max(self.balance_units, 0.0)) + max(0.0, -self.balance_units),
-        )
+        want_metered = want_units = 0.0
+        if self.limits_metered:
+            want_metered = max(1.0, metered - min(self.balance_metered, 0.0))
+        if self.limits_units:
+            want_units = max(1.0, units - min(self.balance_units, 0.0))
+        return want_metered, want_units
 
     def granted(self, now: float, grant: Grant) -> None:
         """A lease came back: add it, pace at the rate it was granted for, plan the next ask."""
@@ -199,7 +227,12 @@ class LeasePool:
         self.registered = True
         self._expire(now)
         self.share_metered, self.share_units = grant.share_metered, grant.share_units
-        self.period = lease_seconds(grant.share_metered, grant.share_units)
+        self.limits_metered = grant.fleet_metered > 0
+        self.limits_units = grant.fleet_units > 0
+        self.fleet_metered, self.fleet_units = grant.fleet_metered, grant.fleet_units
+        self.period = lease_seconds(
+            grant.share_metered, grant.share_units, grant.fleet_metered, grant.fleet_units
+        )
         self.balance_metered += grant.metered
         self.balance_units += grant.units
         self.expires = now + self.period * LEASE_EXPIRY_FACTOR

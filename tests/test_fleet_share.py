@@ -96,7 +96,8 @@ def test_a_request_bigger_than_what_is_left_passes_and_the_next_lease_pays() -> 
     assert pool.reserve(0.0, MiB, 0) is not None
     assert pool.reserve(0.0, MiB, 0) is None  # in debt now
     metered, _ = pool.want()
-    assert metered >= MiB // 2 + 16 * MiB - 1  # a whole lease plus the debt
+    lease = 20 * MiB * lease_seconds(20 * MiB, 0, 60 * MiB, 0)
+    assert metered == pytest.approx(MiB // 2 + lease)  # a whole lease plus the debt
 
 
 def test_renewal_comes_before_the_lease_runs_out() -> None:
@@ -139,7 +140,7 @@ def test_a_short_grant_is_not_retried_at_once() -> None:
 
 def test_above_the_share_only_with_spare_capacity() -> None:
     pool = LeasePool(now=0.0)
-    period = lease_seconds(20 * MiB, 0)
+    period = lease_seconds(20 * MiB, 0, 60 * MiB, 0)
     pool.granted(0.0, grant(2 * 20 * MiB * period, 20 * MiB))
     assert pool.statistics().pace_metered == pytest.approx(40 * MiB)
 
@@ -183,3 +184,20 @@ def test_token_bucket_rate_change_keeps_the_queue() -> None:
     assert bucket.delay_for(0.0, 1.0) == pytest.approx(11 / 20)
     bucket.set_rate(1.0, 0.0, 0.0)
     assert bucket.delay_for(1.0, 1e9) == 0.0
+
+
+def test_a_budget_of_bytes_only_never_holds_a_write_for_units() -> None:
+    pool = LeasePool(now=0.0)
+    pool.granted(0.0, grant(16 * MiB, 20 * MiB))  # the fleet sets no units/s
+    for _ in range(100):
+        assert pool.reserve(0.0, 1024, 5) is not None
+    assert pool.want()[1] == 0
+
+
+def test_a_lease_is_at_most_half_the_shared_bucket() -> None:
+    """A lone mount's ask must fit the fleet's bucket, or every grant would come back short."""
+    from fusethrottle.fleet_share import BUCKET_SECONDS
+
+    for fleet in (10 * MiB, 60 * MiB, 600 * MiB):
+        lease = fleet * lease_seconds(fleet, 0, fleet, 0)
+        assert lease <= fleet * BUCKET_SECONDS / 2 or lease_seconds(fleet, 0) == LEASE_MIN_SECONDS
