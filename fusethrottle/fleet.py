@@ -198,7 +198,7 @@ class FleetBudget:
             return
         now = trio.current_time()
         self.last_grant = grant
-        self.pool.granted(now, grant)
+        self.pool.granted(now, grant, gentle=self.fallback_since is not None)
         if grant.metered > 0 or grant.units > 0:
             self.leases_total += 1
         self.granted_metered_total += grant.metered

@@ -17,9 +17,9 @@ Keys of a budget NAME (one hash tag, so a Redis Cluster keeps them in one slot):
 Each grant, atomically on the server: drop the mounts whose activity ran out, (re)register this
 one, refill the bucket from Redis's own clock (so the hosts' clocks never matter), compute this
 mount's fair share (fleet rate x weight / sum of the active weights) and grant at most
-``cap_seconds`` of it, plus any capacity nobody is using (tokens above half the bucket). The
-bucket holds at most ``BUCKET_SECONDS`` of the fleet rate, so the fleet never spends more than
-that above its rate in any window.
+``cap_seconds`` of it. The bucket holds at most ``BUCKET_SECONDS`` of the fleet rate, so the
+fleet never spends more than that above its rate in any window, whatever the mounts believe
+their shares to be.
 """
 
 from __future__ import annotations
@@ -99,8 +99,7 @@ for i = 1, 2 do
   local share = rate[i] * weight / total
   local granted = 0
   if rate[i] > 0 and not releasing then
-    local limit = share * cap_seconds + math.max(0, have - cap / 2)
-    granted = math.max(0, math.min(want[i], limit, have))
+    granted = math.max(0, math.min(want[i], share * cap_seconds, have))
     have = have - granted
   end
   tokens[i] = have

@@ -7,8 +7,8 @@ would cost more than the write. A mount asks for a *lease*, a lump of tokens mea
 :func:`lease_seconds` of its share, and its writers spend it locally. Redis caps each grant at
 the mount's fair share (the fleet rate x this mount's weight / the weights of the active mounts),
 so the number of tokens in the fleet never exceeds the shared bucket. Locally, the lease is paced
-at the rate Redis granted it for, so a mount cannot spend a lease faster than its share and
-crowd out the others between two round trips.
+at the mount's share, so a mount cannot spend a lease faster than its share and crowd out the
+others between two round trips.
 
 Why a lease of about 16 MiB rather than 100 ms of the share: at 20 MiB/s a 100 ms lease is 2 MiB,
 which would be 512 round trips per GiB written. A lease is therefore sized to carry about
@@ -37,10 +37,11 @@ LEASE_TARGET_UNITS = 4096.0
 #: Bounds on how long one lease lasts at the mount's share.
 LEASE_MIN_SECONDS = 0.1
 LEASE_MAX_SECONDS = 1.0
-#: The shared bucket in Redis holds at most this many seconds of the fleet rate: what the whole
-#: fleet may spend above its rate in any window (after a pause). A lease is at most half of it,
-#: so a greedy fleet's asks are not cut short by a bucket smaller than one lease.
-BUCKET_SECONDS = 0.5
+#: The shared bucket in Redis holds at most this many seconds of the fleet rate. It is the
+#: backstop while shares change (a mount still paced at its old share); in steady state the
+#: pace of each mount at its share is what holds the fleet to its rate. A lease is at most half
+#: of it, so the asks of a greedy fleet, which come at about the same time, fit in it.
+BUCKET_SECONDS = 2.0
 #: Redis never grants more than this many seconds of a mount's share in one lease.
 GRANT_CAP_SECONDS = LEASE_MAX_SECONDS
 #: Ask for the next lease when what is left lasts less than this at the current pace.
@@ -221,8 +222,13 @@ class LeasePool:
             want_units = max(1.0, units - min(self.balance_units, 0.0))
         return want_metered, want_units
 
-    def granted(self, now: float, grant: Grant) -> None:
-        """A lease came back: add it, pace at the rate it was granted for, plan the next ask."""
+    def granted(self, now: float, grant: Grant, *, gentle: bool = False) -> None:
+        """A lease came back: add it, pace at the share, plan the next ask.
+
+        *gentle*: the first lease after the fallback. The mounts rejoin one by one, so the
+        first one back sees a fleet of one; until its next lease it keeps the pace it had.
+        """
+        was = (self._pace_metered.rate, self._pace_units.rate)
         self.leasing = True
         self.registered = True
         self._expire(now)
@@ -236,12 +242,10 @@ class LeasePool:
         self.balance_metered += grant.metered
         self.balance_units += grant.units
         self.expires = now + self.period * LEASE_EXPIRY_FACTOR
-        # Above the share only when Redis handed out capacity nobody else was using.
-        self._set_pace(
-            now,
-            max(grant.share_metered, grant.metered / self.period),
-            max(grant.share_units, grant.units / self.period),
-        )
+        pace = (grant.share_metered, grant.share_units)
+        if gentle:
+            pace = tuple(min(p, w) if w > 0 else p for p, w in zip(pace, was, strict=True))
+        self._set_pace(now, *pace)
         short = self._runs_out_within(RENEW_AHEAD)
         # Short grant: the fleet's bucket was empty. Ask again once it has refilled a little,
         # not at once (that would be a round trip per tick for nothing).

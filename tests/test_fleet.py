@@ -64,8 +64,7 @@ class FakeFleet:
         share = self.rate * weight / total
         granted = 0.0
         if not releasing:
-            limit = share * GRANT_CAP_SECONDS + max(0.0, self.tokens - cap / 2)
-            granted = max(0.0, min(want[0], limit, self.tokens))
+            granted = max(0.0, min(want[0], share * GRANT_CAP_SECONDS, self.tokens))
             self.tokens -= granted
         return Grant(granted, 0.0, share, 0.0, self.rate, 0.0, len(self.active), total)
 

@@ -138,11 +138,10 @@ def test_a_short_grant_is_not_retried_at_once() -> None:
     assert pool.needs_lease(pool.next_ask, waiting=True)
 
 
-def test_above_the_share_only_with_spare_capacity() -> None:
+def test_the_pace_is_the_share_whatever_was_granted() -> None:
     pool = LeasePool(now=0.0)
-    period = lease_seconds(20 * MiB, 0, 60 * MiB, 0)
-    pool.granted(0.0, grant(2 * 20 * MiB * period, 20 * MiB))
-    assert pool.statistics().pace_metered == pytest.approx(40 * MiB)
+    pool.granted(0.0, grant(2 * MiB, 20 * MiB))  # a short grant: the bucket was low
+    assert pool.statistics().pace_metered == 20 * MiB
 
 
 def test_fallback_paces_at_the_last_share_and_needs_no_lease() -> None:
@@ -201,3 +200,14 @@ def test_a_lease_is_at_most_half_the_shared_bucket() -> None:
     for fleet in (10 * MiB, 60 * MiB, 600 * MiB):
         lease = fleet * lease_seconds(fleet, 0, fleet, 0)
         assert lease <= fleet * BUCKET_SECONDS / 2 or lease_seconds(fleet, 0) == LEASE_MIN_SECONDS
+
+
+def test_the_first_lease_after_the_fallback_keeps_the_old_pace() -> None:
+    """The first mount back from an outage sees a fleet of one: it must not take it all."""
+    pool = LeasePool(now=0.0)
+    pool.granted(0.0, grant(16 * MiB, 20 * MiB))
+    pool.fallback(1.0, 20 * MiB, 0)
+    pool.granted(2.0, grant(16 * MiB, 60 * MiB), gentle=True)
+    assert pool.statistics().pace_metered == 20 * MiB
+    pool.granted(3.0, grant(16 * MiB, 60 * MiB))
+    assert pool.statistics().pace_metered == 60 * MiB
