@@ -118,6 +118,12 @@ class Mount:
             cwd=REPO,
         )
 
+    def signal_stop(self) -> None:
+        """SIGTERM the writer; it finishes the write() in progress (and its close() hands the
+        kernel's cached pages to the daemon: the target sees the writer stop a bit later)."""
+        if self.writer is not None and self.writer.poll() is None:
+            self.writer.terminate()
+
     def stop_writing(self) -> None:
         if self.writer is None or self.writer.returncode is not None:
             return
@@ -241,6 +247,11 @@ def analyse(samples: list[dict], plan: dict, limit: float, errors: dict) -> dict
             rates(samples, n, t - REACTION, t) >= 0.95 * limit / 2 for n in NAMES[:2]
         )
 
+    c_final = samples[-1]["C"]["metered"]
+    c_quiet = next(
+        (s["t"] for s in samples if s["t"] >= stop and s["C"]["metered"] >= c_final), None
+    )
+
     fallback_seen = {
         n: any(s[n].get("fallback", 0) == 1 for s in samples if outage <= s["t"] <= back)
         for n in NAMES
@@ -269,6 +280,7 @@ def analyse(samples: list[dict], plan: dict, limit: float, errors: dict) -> dict
         "fallback_seen_during_outage": fallback_seen,
         "equal_again_after_redis_back_s": first_time(back, stop, equal_again),
         "two_at_30_after_stop_s": first_time(stop, end, two_at_half),
+        "c_last_metered_after_stop_s": round(c_quiet - stop, 2) if c_quiet else None,
         "shares_after_stop_mib_s": [
             round(rates(samples, n, stop + 3.0, end) / MiB, 2) for n in NAMES[:2]
         ],
@@ -300,7 +312,9 @@ def markdown(summary: dict, plan: dict, command: str) -> str:
         f"(shares {', '.join(map(str, s['shares_all_three_mib_s']))} MiB/s; worst 5 s window "
         f"{s['worst_5s_deviation_from_equal_percent']}% off equal) |",
         f"| C stops: A and B each at >= 95% of 30 MiB/s (0.5 s rates) within 2 s | "
-        f"after {s['two_at_30_after_stop_s']} s; then "
+        f"after {s['two_at_30_after_stop_s']} s (C's own traffic at the target ended "
+        f"{s['c_last_metered_after_stop_s']} s after its SIGTERM: its close() hands over the "
+        f"kernel's cached pages); then "
         f"{', '.join(map(str, s['shares_after_stop_mib_s']))} MiB/s |",
         f"| Redis killed: writer errors | {sum(len(v) for v in s['writer_errors'].values())} |",
         f"| Redis killed: fallback gauge seen at 1 | {s['fallback_seen_during_outage']} |",
@@ -395,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                 redis.start()
                 restarted = True
             if not stopped and now >= args.stop:
-                mounts[2].stop_writing()
+                mounts[2].signal_stop()
                 stopped = True
             row: dict = {}
             begun = time.monotonic() - start  # after the events above, which may take a while

@@ -50,8 +50,12 @@ RENEW_AHEAD = 0.1
 IDLE_RELEASE = 0.3
 #: Unspent tokens are dropped this many lease periods after their grant.
 LEASE_EXPIRY_FACTOR = 2.0
-#: A mount stays in the active set this long after a grant without another round trip.
-ACTIVE_HOLD_FACTOR = 1.5
+#: A mount stays in the active set this many lease periods after a grant without another round
+#: trip: longer than its lease may last (its unspent tokens expire at LEASE_EXPIRY_FACTOR), or a
+#: busy mount whose writer paused (a close, a new file) would drop out between two leases and the
+#: others would pace at a share too large. A crashed host's share thus returns within ~2 s; a
+#: mount whose writers stop gives its share back at once (IDLE_RELEASE).
+ACTIVE_HOLD_FACTOR = 2.5
 #: The local pace may run ahead by this much of a second (absorbs the writers' jitter).
 PACE_BURST_SECONDS = 0.05
 #: After a grant that came back short (the fleet's bucket was empty), wait at least this long.
@@ -140,7 +144,7 @@ class LeasePool:
         self.balance_units = 0.0
         self.period = LEASE_MIN_SECONDS
         self.expires = now
-        self.last_demand = -math.inf
+        self.last_demand = -math.inf  # the last request, or the end of the last one's wait
         self.registered = False  # Redis counts this mount as active
         self.next_ask = now
         self.share_metered = 0.0  # the last share Redis told us (0: none known)
@@ -156,7 +160,7 @@ class LeasePool:
     # --- writers -----------------------------------------------------------------------------
     def reserve(self, now: float, metered: float, units: float) -> float | None:
         """Take a request's tokens; seconds to wait, or None when a new lease is needed first."""
-        self.last_demand = now
+        self.last_demand = max(self.last_demand, now)
         if self.leasing:
             self._expire(now)
             metered = metered if self.limits_metered else 0.0
@@ -167,9 +171,13 @@ class LeasePool:
                 return None
             self.balance_metered -= metered
             self.balance_units -= units
-        return max(
+        delay = max(
             self._pace_metered.delay_for(now, metered), self._pace_units.delay_for(now, units)
         )
+        # A request still waiting for its pace is demand too: without this, a queue of writes
+        # that waits longer than IDLE_RELEASE would make the mount look idle and let go.
+        self.last_demand = max(self.last_demand, now + delay)
+        return delay
 
     def refund(self, now: float, metered: float, units: float) -> None:
         """A reserved request never went (its waiter was cancelled): give its tokens back."""

@@ -211,3 +211,13 @@ def test_the_first_lease_after_the_fallback_keeps_the_old_pace() -> None:
     assert pool.statistics().pace_metered == 20 * MiB
     pool.granted(3.0, grant(16 * MiB, 60 * MiB))
     assert pool.statistics().pace_metered == 60 * MiB
+
+
+def test_writes_queued_for_their_pace_keep_the_mount_active() -> None:
+    """Twelve 1 MiB writes at 20 MiB/s wait up to 0.55 s: the mount is not idle meanwhile."""
+    pool = LeasePool(now=0.0)
+    pool.granted(0.0, grant(16 * MiB, 20 * MiB))
+    delays = [pool.reserve(0.0, MiB, 0) for _ in range(12)]
+    assert max(d for d in delays if d is not None) > IDLE_RELEASE
+    assert not pool.idle(IDLE_RELEASE + 0.01)
+    assert pool.idle(max(d for d in delays if d is not None) + IDLE_RELEASE + 0.01)
