@@ -47,7 +47,7 @@ GRANT_CAP_SECONDS = LEASE_MAX_SECONDS
 #: Ask for the next lease when what is left lasts less than this at the current pace.
 RENEW_AHEAD = 0.1
 #: A mount with no demand for this long gives its lease back and leaves the active set.
-IDLE_RELEASE = 0.3
+IDLE_RELEASE = 0.2
 #: Unspent tokens are dropped this many lease periods after their grant.
 LEASE_EXPIRY_FACTOR = 2.0
 #: A mount stays in the active set this many lease periods after a grant without another round
