@@ -183,14 +183,13 @@ def writer(directory: Path) -> int:
 
 def value_at(samples: list[dict], name: str, t: float) -> float:
     """Mount *name*'s metered-bytes counter at time *t*, linear between the samples around it."""
-    if t <= samples[0]["t"]:
-        return float(samples[0][name]["metered"])
-    for before, after in itertools.pairwise(samples):
-        if before["t"] <= t <= after["t"]:
-            a, b = before[name]["metered"], after[name]["metered"]
-            span = after["t"] - before["t"]
-            return float(a + (b - a) * (t - before["t"]) / span) if span > 0 else float(b)
-    return float(samples[-1][name]["metered"])
+    points = [(s[name]["at"], s[name]["metered"]) for s in samples]
+    if t <= points[0][0]:
+        return float(points[0][1])
+    for (t0, a), (t1, b) in itertools.pairwise(points):
+        if t0 <= t <= t1:
+            return float(a + (b - a) * (t - t0) / (t1 - t0)) if t1 > t0 else float(b)
+    return float(points[-1][1])
 
 
 def rates(samples: list[dict], name: str, t0: float, t1: float) -> float:
@@ -300,7 +299,8 @@ def markdown(summary: dict, plan: dict, command: str) -> str:
         f"`{command}` on {plan['host']} ({plan['date']}), commit {plan['commit']}.",
         f"Timeline: all three write from 0 s; Redis killed at {plan['outage']} s and started "
         f"again at {plan['outage'] + plan['down']} s; writer C stops at {plan['stop']} s; end "
-        f"at {plan['end']} s. Targets: directories on one tmpfs.",
+        f"at {plan['end']} s. Targets: directories on one tmpfs. Load average at the start: "
+        f"{plan['load_average_at_start']:.1f} on {os.cpu_count()} CPUs (a shared machine).",
         "",
         "| claim | measured |",
         "| --- | --- |",
@@ -391,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             "stop": args.stop,
             "end": args.end,
             "host": socket.gethostname(),
+            "load_average_at_start": os.getloadavg()[0],
             "date": date,
             "commit": subprocess.run(
                 ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
@@ -415,7 +416,9 @@ def main(argv: list[str] | None = None) -> int:
             begun = time.monotonic() - start  # after the events above, which may take a while
             for m in mounts:
                 row[m.name] = m.scrape()
-            row["t"] = (begun + time.monotonic() - start) / 2  # the scrapes take a few ms
+                # When the daemon took these numbers (a busy loop answers with older ones).
+                row[m.name]["at"] = time.monotonic() - start - row[m.name].get("age", 0.0)
+            row["t"] = (begun + time.monotonic() - start) / 2
             samples.append(row)
             time.sleep(max(0.0, SAMPLE - (time.monotonic() - start - now)))
         for m in mounts:
