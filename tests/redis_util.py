@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,18 +42,52 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def make_tls_files(directory: Path) -> TlsFiles:
+    """A throwaway CA and a server certificate for 127.0.0.1/localhost, made with openssl."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI needs openssl: run ./scripts/install")
+        pytest.skip("openssl not installed")
+    ca, ca_key = directory / "ca.pem", directory / "ca.key"
+    cert, key, csr = directory / "server.pem", directory / "server.key", directory / "server.csr"
+    ext = directory / "san.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+        "-keyout", str(ca_key), "-out", str(ca))  # fmt: skip
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+        "-keyout", str(key), "-out", str(csr))  # fmt: skip
+    run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+        "-CAcreateserial", "-days", "1", "-extfile", str(ext), "-out", str(cert))  # fmt: skip
+    return TlsFiles(ca, cert, key)
+
+
 class RedisServer:
     """One redis-server process; ``kill`` and ``start`` again keep the port and the data."""
 
-    def __init__(self, directory: Path, password: str | None = None) -> None:
+    def __init__(
+        self, directory: Path, password: str | None = None, tls: TlsFiles | None = None
+    ) -> None:
         self.directory = directory
         self.password = password
+        self.tls = tls
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         args = [
@@ -68,6 +103,15 @@ class RedisServer:
         ]  # fmt: skip
         if self.password:
             args += ["--requirepass", self.password]
+        if self.tls:
+            args += [
+                "--port", "0",
+                "--tls-port", str(self.port),
+                "--tls-cert-file", str(self.tls.cert),
+                "--tls-key-file", str(self.tls.key),
+                "--tls-ca-cert-file", str(self.tls.ca),
+                "--tls-auth-clients", "no",
+            ]  # fmt: skip
         log = open(self.directory / "redis.log", "ab")  # noqa: SIM115 (the child keeps it)
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -79,6 +123,8 @@ class RedisServer:
                 )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    if self.tls:
+                        return  # listening; the TLS handshake is the client's test
                     s.sendall(b"PING\r\n")
                     answer = s.recv(64)
                 if answer.startswith((b"+PONG", b"-NOAUTH")):

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from redis_util import RedisServer, require_redis
+from redis_util import RedisServer, make_tls_files, require_redis
 
 from fusethrottle.fleet_redis import (
     BUCKET_SECONDS,
@@ -157,3 +157,25 @@ def test_password_file_from_the_environment(
     assert read_password(None) is None
     with pytest.raises(OSError):
         read_password(str(tmp_path / "missing"))
+
+
+def test_rediss_with_a_ca_file(tmp_path: Path) -> None:
+    """rediss:// speaks TLS and checks the server against budget_ca's CA."""
+    require_redis()
+    tls = make_tls_files(tmp_path)
+    server = RedisServer(tmp_path, tls=tls)
+    server.start()
+    try:
+        address = parse_budget_url(f"{server.url}/tls")
+        assert address.tls
+        good = RedisBudget(address, None, timeout=2.0, ca_file=str(tls.ca))
+        good.set_budget(MiB, 0)
+        assert good.grant("a", 1, (MiB, 0), hold=1).share_metered == MiB
+        plain = RedisBudget(parse_budget_url(f"redis://127.0.0.1:{server.port}/tls"), None)
+        with pytest.raises(StoreError):
+            plain.read_budget()
+        untrusted = RedisBudget(address, None, timeout=2.0)  # the system CAs do not know it
+        with pytest.raises(StoreError):
+            untrusted.read_budget()
+    finally:
+        server.stop()
