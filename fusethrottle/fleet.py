@@ -31,6 +31,7 @@ from .fleet_share import (
     Grant,
     LeasePool,
 )
+from .options import Config
 
 log = logging.getLogger(__name__)
 
@@ -326,11 +327,8 @@ class FleetBudget:
         )
 
 
-def from_config(config: object) -> FleetBudget | None:
+def from_config(config: Config) -> FleetBudget | None:
     """The mount's FleetBudget for ``budget=...``, or None without one."""
-    from .options import Config
-
-    assert isinstance(config, Config)
     if config.budget is None:
         return None
     from .fleet_redis import RedisBudget, read_password
