@@ -115,6 +115,8 @@ class FleetBudget:
         self._started = False
         self._waiting = 0
         self._changed = trio.Event()
+        self._pace_changed = trio.Event()
+        self._pace = (0.0, 0.0)
         self._wake = trio.Event()
         self._limiter = trio.CapacityLimiter(1)
         self.last_grant: Grant | None = None
@@ -135,26 +137,38 @@ class FleetBudget:
         """Wait until the request fits this mount's share; returns the seconds waited."""
         start = trio.current_time()
         while True:
+            leased = self.pool.leasing
             delay = self.pool.reserve(trio.current_time(), metered, units)
-            if delay is not None:
+            if delay is None:
+                await self._wait_for_lease()
+                continue
+            if delay <= 0:
                 break
-            self._waiting += 1
-            self._wake.set()
+            # Sleep out the pace, unless the pace changes meanwhile (a mount left and this
+            # one's share grew): then queue again at the new pace instead of the old one.
+            paced = self._pace_changed
             try:
-                await self._changed.wait()
-            finally:
-                self._waiting -= 1
-        if delay > 0:
-            try:
-                await trio.sleep(delay)
+                with trio.move_on_after(delay) as slept:
+                    await paced.wait()
             except BaseException:
-                self.pool.refund(trio.current_time(), metered, units)
+                self.pool.refund(trio.current_time(), metered, units, leased=leased)
                 raise
+            if slept.cancelled_caught:
+                break
+            self.pool.refund(trio.current_time(), metered, units, leased=leased)
         waited = trio.current_time() - start
         if waited > 0:
             self.waited_total += 1
             self.wait_seconds_total += waited
         return waited
+
+    async def _wait_for_lease(self) -> None:
+        self._waiting += 1
+        self._wake.set()
+        try:
+            await self._changed.wait()
+        finally:
+            self._waiting -= 1
 
     # --- the renewer -------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -296,6 +310,11 @@ class FleetBudget:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+        pace = self.pool.statistics()
+        if (pace.pace_metered, pace.pace_units) != self._pace:
+            self._pace = (pace.pace_metered, pace.pace_units)
+            self._pace_changed.set()
+            self._pace_changed = trio.Event()
 
     # --- observability -----------------------------------------------------------------------
     def statistics(self, now: float) -> FleetStatistics:

@@ -179,9 +179,10 @@ class LeasePool:
         self.last_demand = max(self.last_demand, now + delay)
         return delay
 
-    def refund(self, now: float, metered: float, units: float) -> None:
-        """A reserved request never went (its waiter was cancelled): give its tokens back."""
-        if self.leasing:
+    def refund(self, now: float, metered: float, units: float, *, leased: bool = True) -> None:
+        """A reserved request never went (its waiter was cancelled, or queues again at a new
+        pace): give its tokens back. *leased*: it was reserved from a lease (not the fallback)."""
+        if self.leasing and leased:
             self.balance_metered += metered if self.limits_metered else 0.0
             self.balance_units += units if self.limits_units else 0.0
         self._pace_metered.refund(now, metered)

@@ -255,3 +255,27 @@ def test_a_hung_redis_never_holds_a_writer() -> None:
         trio.run(main)
     finally:
         release.set()
+
+
+def test_writes_already_waiting_speed_up_when_the_share_grows() -> None:
+    """A mount leaves: the writes queued at the old, smaller share must not finish at it."""
+
+    async def main() -> None:
+        fake = FakeFleet()
+        a, b = fleet_budget(fake, "a"), fleet_budget(fake, "b")
+        passed: dict[str, float] = {}
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            await nursery.start(b.run)
+            for _ in range(12):  # the kernel sends a dozen writes at once
+                nursery.start_soon(greedy, b, passed)
+            with trio.move_on_after(5.0):
+                await greedy(a, passed)
+            while b.pool.statistics().pace_metered < RATE:
+                await trio.sleep(0.01)
+            before = passed["b"]
+            await trio.sleep(0.3)
+            assert passed["b"] - before >= 0.9 * RATE * 0.3
+            nursery.cancel_scope.cancel()
+
+    run_mock(main)
