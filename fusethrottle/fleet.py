@@ -14,9 +14,11 @@ the event loop, where code between awaits is atomic.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -120,6 +122,8 @@ class FleetBudget:
         self._wake = trio.Event()
         self._limiter = trio.CapacityLimiter(1)
         self.last_grant: Grant | None = None
+        self.renew_now = False  # the fleet changed (watch): renew at the next step
+        self.notified_total = 0
         self.fallback_since: float | None = None
         self.fallback_reason = ""
         self._fallback_seconds = 0.0
@@ -179,19 +183,57 @@ class FleetBudget:
         self._store = self._make_store()
         task_status.started()
         try:
-            while True:
-                await self._step(trio.current_time())
-                with trio.move_on_after(TICK):
-                    await self._wake.wait()
-                self._wake = trio.Event()
+            async with trio.open_nursery() as nursery:
+                if hasattr(self._store, "watch"):
+                    nursery.start_soon(self._watch)
+                while True:
+                    await self._step(trio.current_time())
+                    with trio.move_on_after(TICK):
+                        await self._wake.wait()
+                    self._wake = trio.Event()
         finally:
             with trio.CancelScope(shield=True):
                 await self._leave()
                 if self._store is not None:
                     self._store.close()
 
+    async def _watch(self) -> None:
+        """Listen for changes of the fleet (fleet_redis.watch) in a thread of its own, so a
+        mount joining or leaving moves every share at once, not at each mount's next lease.
+        Best effort: without it the shares still follow at the next lease."""
+        from .fleet_redis import StoreError
+
+        token = trio.lowlevel.current_trio_token()
+        stop = threading.Event()
+
+        def changed(mount_id: str) -> None:
+            if mount_id != self.mount_id:
+                with contextlib.suppress(trio.RunFinishedError):  # a message after unmount
+                    token.run_sync_soon(self._fleet_changed)
+
+        try:
+            while True:
+                try:
+                    await trio.to_thread.run_sync(self._store.watch, stop, changed, **ABANDON_KW)  # type: ignore[union-attr]
+                except StoreError as err:
+                    log.debug("watching the fleet budget %s: %s", self.budget, err)
+                await trio.sleep(REJOIN_INTERVAL)
+        finally:
+            stop.set()
+
+    def _fleet_changed(self) -> None:
+        """Another mount joined or left: this one's share moved; renew now if writing."""
+        self.renew_now = True
+        self._wake.set()
+
     async def _step(self, now: float) -> None:
         pool = self.pool
+        if self.renew_now:
+            self.renew_now = False
+            if self.fallback_since is None and pool.registered and not pool.idle(now):
+                self.notified_total += 1
+                await self._lease(now)
+                return
         if self.fallback_since is not None:
             if now < self._next_rejoin:
                 return

@@ -12,6 +12,8 @@ Keys of a budget NAME (one hash tag, so a Redis Cluster keeps them in one slot):
                                    Redis ``TIME`` they were counted at (``t``, microseconds)
 ``fusethrottle:{NAME}:active``     sorted set: mount id -> until when it counts as active (us)
 ``fusethrottle:{NAME}:weights``    hash: mount id -> weight
+``fusethrottle:{NAME}:changed``    pub/sub channel: the id of a mount whose grant changed the
+                                   active set (joined, left, or saw others expire)
 =================================  ==========================================================
 
 Each grant, atomically on the server: drop the mounts whose activity ran out, (re)register this
@@ -26,7 +28,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 
 #: Connect and per-call timeout: Redis on the same network answers in a millisecond or two.
 DEFAULT_TIMEOUT = 0.5
+#: How often the watcher (``watch``) looks at its stop flag.
+WATCH_POLL = 0.5
 #: The environment variable naming the password file (when ``budget_password_file=`` is unset).
 PASSWORD_FILE_ENV = "FUSETHROTTLE_BUDGET_PASSWORD_FILE"
 
@@ -50,6 +55,7 @@ local hold_us = tonumber(ARGV[5])
 local cap_seconds = tonumber(ARGV[6])
 local bucket_seconds = tonumber(ARGV[7])
 local back = {tonumber(ARGV[8]), tonumber(ARGV[9])}
+local channel = ARGV[10]
 
 local config = redis.call('HMGET', KEYS[1], 'metered', 'units')
 if not config[1] and not config[2] then
@@ -61,17 +67,22 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+local changed = #gone
 if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   redis.call('HDEL', KEYS[4], unpack(gone))
 end
 local releasing = want[1] <= 0 and want[2] <= 0
 if releasing then
-  redis.call('ZREM', KEYS[3], id)
+  changed = changed + redis.call('ZREM', KEYS[3], id)
   redis.call('HDEL', KEYS[4], id)
 else
-  redis.call('ZADD', KEYS[3], now + hold_us, id)
+  changed = changed + redis.call('ZADD', KEYS[3], now + hold_us, id)
   redis.call('HSET', KEYS[4], id, weight)
+end
+if changed > 0 then
+  -- the active set changed: every mount's share did; tell them (fleet.py renews at once)
+  redis.call('PUBLISH', channel, id)
 end
 
 local total = 0
@@ -181,6 +192,7 @@ class RedisBudget:
             **kwargs,
         )
         self._keys = keys(address.name)
+        self._channel = f"fusethrottle:{{{address.name}}}:changed"
         self._grant = self._redis.register_script(_GRANT_LUA)
 
     def grant(
@@ -208,6 +220,7 @@ class RedisBudget:
             repr(BUCKET_SECONDS),
             repr(float(give_back[0])),
             repr(float(give_back[1])),
+            self._channel,
         )
         reply = self._call(lambda: self._grant(keys=list(self._keys), args=list(args)))
         values = [float(v) for v in reply]
@@ -242,6 +255,24 @@ class RedisBudget:
             for m, until in members
             if until > now
         ]
+
+    def watch(self, stop: threading.Event, on_change: Callable[[str], None]) -> None:
+        """Until *stop* is set: call *on_change(mount_id)* whenever a grant changes the set of
+        active mounts (the id is the mount whose call changed it). Blocking, for a worker
+        thread; StoreError when Redis goes away (the caller tries again later)."""
+
+        def listen() -> None:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(self._channel)
+                while not stop.is_set():
+                    message = pubsub.get_message(timeout=WATCH_POLL)
+                    if message is not None and message.get("type") == "message":
+                        on_change(str(message.get("data", "")))
+            finally:
+                pubsub.close()
+
+        self._call(listen)
 
     def close(self) -> None:
         self._redis.close()

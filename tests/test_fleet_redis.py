@@ -179,3 +179,60 @@ def test_rediss_with_a_ca_file(tmp_path: Path) -> None:
             untrusted.read_budget()
     finally:
         server.stop()
+
+
+def subscribers(server: RedisServer, name: str = "fleet") -> int:
+    import redis
+
+    client = redis.Redis(port=server.port)
+    try:
+        return int(client.pubsub_numsub(f"fusethrottle:{{{name}}}:changed")[0][1])
+    finally:
+        client.close()
+
+
+def test_mounts_hear_each_other_join_and_leave(redis_server: RedisServer) -> None:
+    """A joining or leaving mount moves the others' shares at once (pub/sub), not at their
+    next lease: b hears a join and then leave, and ends with the whole rate again."""
+    import trio
+
+    from fusethrottle.fleet import FleetBudget
+
+    budget(redis_server).set_budget(RATE, 0)  # the budget "fleet"
+
+    def mount(name: str) -> FleetBudget:
+        return FleetBudget(lambda: budget(redis_server), budget="test", mount_id=name)
+
+    async def write(fleet: FleetBudget) -> None:
+        while True:
+            await fleet.acquire(MiB, 0)
+
+    async def until(predicate) -> None:  # type: ignore[no-untyped-def]
+        with trio.fail_after(20):  # a hang guard, not a speed claim
+            while not predicate():
+                await trio.sleep(0.02)
+
+    async def main() -> None:
+        a, b = mount("a"), mount("b")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            await nursery.start(b.run)
+            nursery.start_soon(write, b)
+            await until(lambda: b.last_grant is not None and b.last_grant.mounts == 1)
+            await until(lambda: subscribers(redis_server) >= 2)  # both watchers listen
+            a_writes = trio.CancelScope()
+
+            async def a_writer() -> None:
+                with a_writes:
+                    await write(a)
+
+            nursery.start_soon(a_writer)
+            await until(lambda: b.notified_total >= 1)
+            await until(lambda: b.last_grant is not None and b.last_grant.mounts == 2)
+            a_writes.cancel()
+            await until(lambda: b.notified_total >= 2)
+            await until(lambda: b.last_grant is not None and b.last_grant.mounts == 1)
+            assert b.last_grant.share_metered == RATE
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
