@@ -7,9 +7,13 @@ failed. One background task, :meth:`FleetBudget.run`, keeps the pool filled: it 
 the writers stop, and, when Redis cannot be reached, switches the pool to the fallback budget
 and tries to rejoin every :data:`REJOIN_INTERVAL`.
 
-Concurrency: every Redis call runs in a worker thread of its own limiter (one at a time), under
-a deadline; a hung Redis holds that one thread, never the event loop. Everything else runs on
-the event loop, where code between awaits is atomic.
+A second task, :meth:`FleetBudget._watch`, listens (pub/sub) for other mounts joining or
+leaving and has the renewer ask at once, so shares move within a round trip.
+
+Concurrency: every grant runs in a worker thread of its own limiter (one at a time), under a
+deadline; a hung Redis holds that one thread, never the event loop. The listener holds one more
+thread, abandoned on unmount (it notices within ``WATCH_POLL``). Everything else runs on the
+event loop, where code between awaits is atomic.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class BudgetStore(Protocol):
     ) -> Grant: ...
 
     def close(self) -> None: ...
+
+    # Optional: ``watch(stop, on_change)`` (fleet_redis.RedisBudget.watch), the fleet's news.
 
 
 @dataclass(frozen=True)
