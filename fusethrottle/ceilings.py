@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
 from .meter import Meter, OpClass
+
+if TYPE_CHECKING:
+    from .fleet import FleetBudget
 
 #: A quarter of a second of budget may be spent at once: enough to absorb the jitter of a busy
 #: writer, small enough that the rate over any 10 s stays within a few percent of the limit.
@@ -43,8 +47,11 @@ class Ceilings:
         ops_limit: float = 0.0,
         throttle_reads: bool = False,
         now: float = 0.0,
+        fleet: FleetBudget | None = None,
     ) -> None:
         self.meter = meter
+        #: The fleet budget (budget=redis://...), drawn from before the local ceilings.
+        self.fleet = fleet
         self.throttle_reads = throttle_reads
         self.metered_limit = metered_limit
         self.ops_limit = ops_limit
@@ -55,7 +62,7 @@ class Ceilings:
 
     @property
     def active(self) -> bool:
-        return not (self.bytes.unlimited and self.units.unlimited)
+        return self.fleet is not None or not (self.bytes.unlimited and self.units.unlimited)
 
     def applies_to(self, op: OpClass) -> bool:
         return self.active and (op is OpClass.DATA_WRITE or self.throttle_reads)
@@ -72,6 +79,12 @@ class Ceilings:
         """Sleep until the request fits under the ceilings; returns the seconds waited."""
         if not self.applies_to(op):
             return 0.0
+        fleet_wait = 0.0
+        if self.fleet is not None:
+            # The fleet's share first: a write waits for the tighter of the fleet and the
+            # local ceilings, and only the local ones below are counted as "delayed".
+            charge = self.meter.charge(op, nbytes)
+            fleet_wait = await self.fleet.acquire(charge.metered_bytes, charge.units)
         delay = self.delay_for(trio.current_time(), op, nbytes)
         if delay > 0:
             self.delayed_total += 1
@@ -86,7 +99,7 @@ class Ceilings:
                 self.bytes.refund(now, charge.metered_bytes)
                 self.units.refund(now, charge.units)
                 raise
-        return delay
+        return delay + fleet_wait
 
     def statistics(self) -> CeilingStatistics:
         return CeilingStatistics(
@@ -136,6 +149,18 @@ class TokenBucket:
         if self._tokens >= 0:
             return 0.0
         return -self._tokens / self.rate + max(self._last - now, 0.0)
+
+    def set_rate(self, now: float, rate: float, burst: float) -> None:
+        """Change the rate from *now* on (the fleet budget's share moves); debt is kept, so the
+        callers already queued keep their place. A rate of 0 makes the bucket unlimited."""
+        if rate < 0:
+            raise ValueError("rate must not be negative")
+        was_unlimited = self.unlimited
+        self._refill(now)
+        self.rate = float(rate)
+        self.burst = max(float(burst), 1.0) if rate > 0 else float(burst)
+        self._tokens = self.burst if was_unlimited else min(self._tokens, self.burst)
+        self._last = max(self._last, now)
 
     def refund(self, now: float, amount: float) -> None:
         """Give back a reservation that was not used (its waiter gave up or failed)."""

@@ -24,6 +24,8 @@ from .options import Config, OptionError, parse_options, split_options
 USAGE = (
     "usage: fusethrottle SOURCE MOUNTPOINT [-o opt[,opt...]] [-f]\n"
     "       fusethrottle status MOUNTPOINT [--watch] [--interval SECONDS]\n"
+    "       fusethrottle budget set redis://HOST:PORT/NAME [--metered RATE] [--ops UNITS]\n"
+    "       fusethrottle budget show redis://HOST:PORT/NAME\n"
     "       fusethrottle --version"
 )
 
@@ -109,6 +111,29 @@ def check_environment(config: Config) -> None:
         raise UsageError("no permission to open /dev/fuse")
     if config.allow_other and os.geteuid() != 0 and not _user_allow_other():
         raise UsageError("allow_other needs root, or 'user_allow_other' in /etc/fuse.conf")
+    if config.budget is not None:
+        _check_budget(config)
+
+
+def _check_budget(config: Config) -> None:
+    """What budget= needs locally: the Redis client and a readable password file. Redis itself
+    may be down: the mount then starts on its fallback budget."""
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "budget= needs the Python redis client: apt install python3-redis"
+        ) from None
+    from .fleet_redis import PASSWORD_FILE_ENV, read_password
+
+    named = config.budget_password_file or os.environ.get(PASSWORD_FILE_ENV, "")
+    try:
+        read_password(config.budget_password_file)
+    except OSError as err:
+        source = "budget_password_file" if config.budget_password_file else PASSWORD_FILE_ENV
+        raise UsageError(f"{source} {named}: {err.strerror or err}") from None
+    if config.budget_ca and not os.access(config.budget_ca, os.R_OK):
+        raise UsageError(f"budget_ca {config.budget_ca}: cannot read it")
 
 
 def _user_allow_other() -> bool:
@@ -185,6 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .status import main as status_main
 
         return status_main(args[1:])
+    if args[0] == "budget":
+        from .budget_command import main as budget_main
+
+        return budget_main(args[1:])
     try:
         config = parse_args(args)
         check_environment(config)

@@ -34,6 +34,8 @@ from .ceilings import Ceilings
 from .controller import Controller, make_controller
 from .credentials import Callers, ThreadCredentials, can_switch
 from .events import Events, NullEvents
+from .fleet import FleetBudget
+from .fleet import from_config as fleet_from_config
 from .flusher import Flusher
 from .inodes import Inode, InodeTable
 from .kernel_cache import KernelCache
@@ -83,6 +85,8 @@ class Mount:
     kernel_entries: KernelEntries | None = None
     #: Where the target's page cache is charged (set by serve; None in tests that build alone).
     memory_cgroup: OwnMemoryCgroup | None = None
+    #: This mount's part of a fleet budget (budget=redis://...), drawn from by the ceilings.
+    fleet: FleetBudget | None = None
 
 
 def effective_window(window: int, commit_rate: float | None) -> int:
@@ -185,11 +189,13 @@ def build(
             or flusher.holds(inode.nodeid)
         )
 
+    fleet = fleet_from_config(config)
     ceilings = Ceilings(
         meter,
         metered_limit=config.metered_limit,
         ops_limit=config.ops_limit,
         throttle_reads=config.throttle_reads,
+        fleet=fleet,
     )
     ops = Operations(
         backend=backend,
@@ -220,6 +226,7 @@ def build(
         total_window,
         kernel_pages,
         KernelEntries(inodes, bounds_for(fd_limit()), busy),
+        fleet=fleet,
     )
 
 
@@ -290,6 +297,8 @@ class Daemon:
                     await nursery.start(self.mount.kernel_entries.run)
                 await nursery.start(self.mount.flusher.run)
                 await nursery.start(self.mount.backend.run_closer)
+                if self.mount.fleet is not None:
+                    await nursery.start(self.mount.fleet.run)
                 nursery.start_soon(self._signals)
                 nursery.start_soon(self._announce_ready, config.mountpoint)
                 nursery.start_soon(self._watch_unmount)

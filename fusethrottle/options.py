@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -45,6 +46,76 @@ def parse_duration(text: str) -> float:
 def parse_rate(text: str) -> float:
     """A per-second rate with an optional binary suffix: ``100M`` or ``7000``."""
     return float(parse_size(text))
+
+
+@dataclass(frozen=True)
+class BudgetAddress:
+    """Where a fleet budget lives: ``redis://HOST:PORT/NAME`` (``rediss://`` for TLS)."""
+
+    host: str
+    port: int
+    name: str
+    tls: bool = False
+    username: str | None = None
+
+    def __str__(self) -> str:
+        user = f"{self.username}@" if self.username else ""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'rediss' if self.tls else 'redis'}://{user}{host}:{self.port}/{self.name}"
+
+
+_BUDGET_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def parse_budget_url(text: str) -> BudgetAddress:
+    """``redis://HOST:PORT/NAME`` -> BudgetAddress; a password in the URL is refused (it would
+    show in ps, the journal and /proc/mounts): it comes from a file."""
+    form = "expected redis://HOST:PORT/NAME or rediss://HOST:PORT/NAME"
+    try:
+        url = urllib.parse.urlsplit(text.strip())
+        port = url.port
+    except ValueError as err:
+        raise OptionError(f"{form}, got {text!r} ({err})") from None
+    if url.scheme not in ("redis", "rediss"):
+        raise OptionError(f"{form}, got {text!r}")
+    if url.password is not None:
+        raise OptionError(
+            "no password in the budget URL (it would show in ps and the logs): "
+            "use budget_password_file=FILE"
+        )
+    if not url.hostname:
+        raise OptionError(f"{form}: the host is missing in {text!r}")
+    name = url.path[1:] if url.path.startswith("/") else ""
+    if not _BUDGET_NAME_RE.match(name):
+        raise OptionError(
+            f"{form}: NAME (letters, digits, '.', '_', '-', at most 64) is missing or "
+            f"invalid in {text!r}"
+        )
+    if url.query or url.fragment:
+        raise OptionError(f"{form}: no '?' or '#' parts, got {text!r}")
+    return BudgetAddress(
+        url.hostname, port or 6379, name, url.scheme == "rediss", url.username or None
+    )
+
+
+def _budget_fallback(text: str) -> float:
+    """``share`` (0: the last known share) or a metered rate such as ``20M``."""
+    if text == "share":
+        return 0.0
+    try:
+        rate = parse_rate(text)
+    except OptionError:
+        raise OptionError(f"expected 'share' or a rate such as 20M, got {text!r}") from None
+    if rate <= 0:
+        raise OptionError("a fixed fallback rate must be positive")
+    return rate
+
+
+def _positive_float(text: str) -> float:
+    value = _float(text)
+    if not value > 0 or value == float("inf"):
+        raise OptionError(f"must be a positive number: {text!r}")
+    return value
 
 
 MODES = ("off", "static", "adaptive")
@@ -102,6 +173,13 @@ class Config:
     metered_limit: float = 0.0
     ops_limit: float = 0.0
     throttle_reads: bool = False
+    # the fleet budget (fleet.py): a token bucket in Redis shared with other mounts
+    budget: BudgetAddress | None = None
+    budget_weight: float = 1.0
+    budget_fallback: float = 0.0  # metered bytes/s while Redis is away; 0: the last share
+    budget_password_file: str = ""  # else $FUSETHROTTLE_BUDGET_PASSWORD_FILE, else none
+    budget_ca: str = ""  # CA file for rediss:// (default: the system's)
+    budget_timeout: float = 0.5
     # observability
     metrics: str = ""
     log_level: str = "info"
@@ -202,6 +280,12 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "ops_limit": parse_rate,
     "metrics": _address,
     "log_level": _choice(LOG_LEVELS),
+    "budget": parse_budget_url,
+    "budget_weight": _positive_float,
+    "budget_fallback": _budget_fallback,
+    "budget_password_file": str,
+    "budget_ca": str,
+    "budget_timeout": parse_duration,
 }
 _BOOLEAN = {"allow_other", "writeback_cache", "throttle_reads", "writeback_pieces", "drop_synced"}
 
@@ -315,6 +399,18 @@ def validate(config: Config) -> None:
         raise OptionError("metered_limit and ops_limit must not be negative")
     if config.admission_timeout <= 0:
         raise OptionError("admission_timeout must be positive")
+    if config.budget is None:
+        given = [
+            f"budget_{f}"
+            for f in ("weight", "fallback", "password_file", "ca", "timeout")
+            if getattr(config, f"budget_{f}") != getattr(Config, f"budget_{f}")
+        ]
+        if given:
+            raise OptionError(f"{given[0]} needs budget=redis://HOST:PORT/NAME")
+    if not 0.01 <= config.budget_timeout <= 10:
+        raise OptionError("budget_timeout must be between 10ms and 10s")
+    if config.budget_ca and (config.budget is None or not config.budget.tls):
+        raise OptionError("budget_ca is for a rediss:// (TLS) budget")
     from .meter import profile  # pure; imported here to keep this module's imports minimal
 
     try:

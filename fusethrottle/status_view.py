@@ -161,6 +161,8 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
             f"{fmt_seconds(s['ceiling_delay_seconds'])} in all"
         )
     lines.append(f"  ceilings     {ceilings}")
+    if s.get("fleet"):
+        lines += _fleet_lines(s["fleet"])
     target_errors = s["target_errors"]
     if target_errors:
         shown = ", ".join(f"{op} {name} x{n}" for op, name, n in target_errors[:8])
@@ -209,3 +211,35 @@ def _ceilings(m: dict[str, Any], r: dict[str, Any]) -> str:
     else:
         parts.append("ops none")
     return ", ".join(parts)
+
+
+def _fleet_lines(f: dict[str, Any]) -> list[str]:
+    """The fleet budget (budget=redis://...): the fleet's rate, this mount's share, fallback."""
+
+    def rates(metered: float, units: float) -> str:
+        parts = []
+        if metered:
+            parts.append(f"{fmt_rate(metered)} metered")
+        if units:
+            parts.append(f"{fmt_count(units)} units/s")
+        return ", ".join(parts) or "not known yet"
+
+    lines = [
+        f"  fleet        {f['budget']}: {rates(f['fleet_metered'], f['fleet_units'])} "
+        f"for {f['mounts']} mount(s)",
+        f"               this mount: weight {f['weight']:g}, share "
+        f"{rates(f['share_metered'], f['share_units'])}; {f['leases_total']} leases in "
+        f"{f['round_trips_total']} round trips, {f['errors_total']} failed",
+    ]
+    if f["fallback"]:
+        pace = rates(f["pace_metered"], f["pace_units"])
+        lines.append(
+            f"               ON FALLBACK ({f['fallback_reason']}): pacing at "
+            f"{pace if pace != 'not known yet' else 'no fleet limit'}"
+        )
+    lines.append(
+        f"               waited {f['waited_total']} request(s), "
+        f"{fmt_seconds(f['wait_seconds_total'])} in all; "
+        f"{fmt_seconds(f['fallback_seconds_total'])} on fallback"
+    )
+    return lines

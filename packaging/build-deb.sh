@@ -35,6 +35,7 @@ meta() { "$python" "$here/debmeta.py" "$pyproject" "$1"; }
 version=$(meta version)
 deb_version=$(meta deb-version)
 depends=$(meta depends)
+recommends=$(meta recommends)
 dpkg --validate-version "$deb_version" 2>/dev/null || die "invalid Debian version $deb_version"
 
 # The package's own idea of its version must agree with what the .deb says.
@@ -148,6 +149,8 @@ Architecture: all
 Maintainer: $maintainer
 Installed-Size: $installed_size
 Depends: $depends
+Recommends: $recommends
+Suggests: redis-server
 Section: admin
 Priority: optional
 Description: back-pressure for backups written to a slow NFS or EFS target
@@ -159,7 +162,9 @@ Description: back-pressure for backups written to a slow NFS or EFS target
  other writer on the host.
  .
  Mount it with mount -t fuse.fusethrottle, from /etc/fstab, or as the
- supervised systemd service fusethrottle@.service.
+ supervised systemd service fusethrottle@.service. Many hosts can share one
+ budget of an EFS file system through Redis (budget=redis://...; needs
+ python3-redis).
 EOF
 
 find "$root" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +

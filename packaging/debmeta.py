@@ -5,6 +5,7 @@ Usage: ``debmeta.py PYPROJECT WHAT`` where WHAT is one of
 - ``version``       the project version as written (PEP 440), for the dist-info directory name;
 - ``deb-version``   the same in Debian's ordering (``1.0rc1`` -> ``1.0~rc1``);
 - ``depends``       the Depends: line (python3 and every runtime dependency, as Debian packages);
+- ``recommends``    the Recommends: line (the ``redis`` extra: what ``budget=`` needs);
 - ``scripts``       ``NAME MODULE FUNCTION`` per console script, one per line;
 - ``metadata``      a core-metadata METADATA file, so ``importlib.metadata`` knows the package;
 - ``entry-points``  the dist-info entry_points.txt.
@@ -58,6 +59,21 @@ def depends(project: dict[str, Any]) -> str:
     return ", ".join(out)
 
 
+#: Optional features whose Python packages the .deb recommends rather than depends on.
+_RECOMMENDED_EXTRAS = ("redis",)
+
+
+def recommends(project: dict[str, Any]) -> str:
+    """Debian's packages for the optional features (``budget=redis://...`` needs python3-redis)."""
+    out = []
+    extras = project.get("optional-dependencies", {})
+    for extra in _RECOMMENDED_EXTRAS:
+        for requirement in extras.get(extra, []):
+            package, minimum = debian_name(requirement)
+            out.append(f"{package} (>= {minimum})" if minimum else package)
+    return ", ".join(out)
+
+
 def scripts(project: dict[str, Any]) -> str:
     lines = []
     for name, target in project.get("scripts", {}).items():
@@ -101,6 +117,7 @@ def main(argv: list[str]) -> int:
         "version": lambda: project["version"],
         "deb-version": lambda: deb_version(project["version"]),
         "depends": lambda: depends(project),
+        "recommends": lambda: recommends(project),
         "scripts": lambda: scripts(project),
         "metadata": lambda: metadata(project),
         "entry-points": lambda: entry_points(project).rstrip("\n"),

@@ -150,6 +150,8 @@ version=$("$python" "$here/debmeta.py" "$top/pyproject.toml" version)
 expected_depends="python3 (>= 3.11), python3-pyfuse3 (>= 3.2), python3-trio (>= 0.22), python3-prometheus-client (>= 0.16), fuse3"
 check "Depends: is Debian's python3, pyfuse3, trio, prometheus-client and fuse3" \
     same Depends "$(dpkg-deb -f "$deb" Depends)" "$expected_depends" || true
+check "Recommends: python3-redis (budget=), not Depends" \
+    same Recommends "$(dpkg-deb -f "$deb" Recommends)" "python3-redis (>= 4.3)" || true
 contents=$(dpkg-deb -c "$deb" | awk '{print $6}')
 missing=""
 for path in ./usr/bin/fusethrottle \

@@ -23,6 +23,7 @@ from mount_util import (
     start_fusethrottle,
     start_memfs,
 )
+from redis_util import RedisServer, require_redis
 
 HAVE_FUSE = os.path.exists("/dev/fuse")
 
@@ -124,3 +125,16 @@ def make_memfs(workdir: Path) -> Iterator[Callable[[str], tuple[Daemon, Path]]]:
     yield make
     for daemon in reversed(daemons):
         daemon.stop()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server on a free local port in a temporary directory (killed at teardown)."""
+    require_redis()
+    directory = Path(tempfile.mkdtemp(prefix="redis-", dir=tmp_path))
+    server = RedisServer(directory)
+    server.start()
+    yield server
+    if server.proc is not None:
+        server.resume()  # a test may have left it stopped
+    server.stop()

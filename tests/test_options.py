@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fusethrottle.options import (
+    BudgetAddress,
     GiB,
     MiB,
     OptionError,
@@ -173,3 +174,52 @@ def test_every_metering_number_can_be_overridden() -> None:
 def test_bad_metering_numbers_are_refused(item: str, message: str) -> None:
     with pytest.raises(OptionError, match=message):
         parse_options([item])
+
+
+def test_budget_url_and_its_options() -> None:
+    config = parse_options(
+        [
+            "budget=rediss://backup@redis.internal:6380/efs-prod",
+            "budget_weight=2",
+            "budget_fallback=20M",
+            "budget_password_file=/etc/fusethrottle/redis.pw",
+            "budget_ca=/etc/ssl/redis-ca.pem",
+            "budget_timeout=250ms",
+        ]
+    )
+    assert config.budget == BudgetAddress("redis.internal", 6380, "efs-prod", True, "backup")
+    assert str(config.budget) == "rediss://backup@redis.internal:6380/efs-prod"
+    assert config.budget_weight == 2.0
+    assert config.budget_fallback == 20 * MiB
+    assert config.budget_timeout == 0.25
+    plain = parse_options(["budget=redis://10.0.0.5/nightly", "budget_fallback=share"])
+    assert plain.budget == BudgetAddress("10.0.0.5", 6379, "nightly")
+    assert plain.budget_fallback == 0.0
+    assert parse_options([]).budget is None
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["budget=http://h:1/x"], "expected redis://HOST:PORT/NAME"),
+        (["budget=redis://h:1"], "NAME .* is missing"),
+        (["budget=redis://h:1/a/b"], "NAME .* is missing or invalid"),
+        (["budget=redis://:6379/x"], "host is missing"),
+        (["budget=redis://h:99999/x"], "expected redis://HOST:PORT/NAME"),
+        (["budget=redis://h:port/x"], "expected redis://HOST:PORT/NAME"),
+        (["budget=redis://u:secret@h:1/x"], "no password in the budget URL"),
+        (["budget=redis://h:1/x?db=2"], "no '\\?' or '#' parts"),
+        (["budget=redis://h/x", "budget_weight=0"], "budget_weight: must be a positive number"),
+        (["budget=redis://h/x", "budget_weight=-1"], "budget_weight: must be a positive"),
+        (["budget=redis://h/x", "budget_fallback=fast"], "expected 'share' or a rate"),
+        (["budget=redis://h/x", "budget_timeout=1h"], "budget_timeout must be between"),
+        (["budget=redis://h/x", "budget_ca=/ca.pem"], "budget_ca is for a rediss://"),
+        (["budget_weight=2"], "budget_weight needs budget="),
+        (["budget_password_file=/pw"], "budget_password_file needs budget="),
+        (["budget="], "budget needs a value"),
+    ],
+)
+def test_budget_mistakes_get_one_clear_line(items: list[str], message: str) -> None:
+    with pytest.raises(OptionError, match=message) as info:
+        parse_options(items)
+    assert "\n" not in str(info.value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
@@ -24,6 +24,7 @@ from prometheus_client.core import (
 )
 
 from .. import __version__
+from ..fleet import FleetStatistics
 from ..meter import ClassTotals
 from ..options import MODES
 from .definitions import DEFS, OP_CLASSES
@@ -117,6 +118,9 @@ def families(snap: Snapshot, age: float) -> list[Metric]:
     value("fusethrottle_ceiling_delayed_operations_total", snap.ceiling_delayed)
     value("fusethrottle_ceiling_delay_seconds_total", snap.ceiling_delay_seconds)
 
+    if snap.fleet is not None:
+        _fleet_families(snap.fleet, value)
+
     value("fusethrottle_memory_cgroup_usage_bytes", snap.memory_cgroup_usage_bytes or 0)
     value("fusethrottle_memory_cgroup_limit_bytes", snap.memory_cgroup_limit_bytes)
     value("fusethrottle_page_cache_drops_total", snap.page_cache_drops)
@@ -136,6 +140,25 @@ def families(snap: Snapshot, age: float) -> list[Metric]:
         },
     )
     return list(out.values())
+
+
+def _fleet_families(f: FleetStatistics, value: Callable[..., None]) -> None:
+    """The fleet budget's series (only on a mount with ``budget=``)."""
+    for resource, fleet, share, granted in (
+        ("metered_bytes", f.fleet_metered, f.share_metered, f.granted_metered_total),
+        ("units", f.fleet_units, f.share_units, f.granted_units_total),
+    ):
+        value("fusethrottle_budget_rate", fleet, resource)
+        value("fusethrottle_budget_share_rate", share, resource)
+        value("fusethrottle_budget_granted_total", granted, resource)
+    value("fusethrottle_budget_leases_total", f.leases_total)
+    value("fusethrottle_budget_round_trips_total", f.round_trips_total)
+    value("fusethrottle_budget_errors_total", f.errors_total)
+    value("fusethrottle_budget_waited_operations_total", f.waited_total)
+    value("fusethrottle_budget_wait_seconds_total", f.wait_seconds_total)
+    value("fusethrottle_budget_fallback", 1 if f.fallback else 0)
+    value("fusethrottle_budget_fallback_seconds_total", f.fallback_seconds_total)
+    value("fusethrottle_budget_active_mounts", f.mounts)
 
 
 @functools.cache

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..controller import Controller
+from ..fleet import FleetStatistics
 from ..meter import ClassTotals, Meter, OpClass
 from ..options import Config
 from ..stats import percentile
@@ -161,6 +162,7 @@ class Snapshot:
     memory_cgroup_usage_bytes: int | None = None
     memory_cgroup_limit_bytes: int = 0
     page_cache_drops: int = 0
+    fleet: FleetStatistics | None = None  # the fleet budget (budget=redis://...), if any
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the status socket's answer; docs/METRICS.md describes it)."""
@@ -298,5 +300,6 @@ def take_snapshot(
         open_handles=mount.ops.open_handles(),
         inodes_bound=mount.kernel_entries.bounds.high if mount.kernel_entries else 0,
         names_dropped=mount.kernel_entries.asked_total if mount.kernel_entries else 0,
+        fleet=mount.fleet.statistics(now) if mount.fleet is not None else None,
         **_memory_facts(mount),
     )

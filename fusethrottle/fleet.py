@@ -1,0 +1,421 @@
+"""This mount's part of a fleet budget: leases from Redis, spent by the writers at the ceilings.
+
+Writers call :meth:`FleetBudget.acquire` (through ``Ceilings.wait``): it takes tokens from the
+local lease pool (fleet_share.py) and sleeps for the pace; a write is only ever delayed, never
+failed. One background task, :meth:`FleetBudget.run`, keeps the pool filled: it asks Redis
+(fleet_redis.py) for a lease shortly before the current one runs out, gives the lease back when
+the writers stop, and, when Redis cannot be reached, switches the pool to the fallback budget
+and tries to rejoin every :data:`REJOIN_INTERVAL`.
+
+A second task, :meth:`FleetBudget._watch`, listens (pub/sub) for other mounts joining or
+leaving and has the renewer ask at once, so shares move within a round trip.
+
+Concurrency: every grant runs in a worker thread of its own limiter (one at a time), under a
+deadline; a hung Redis holds that one thread, never the event loop. The listener holds one more
+thread, abandoned on unmount (it notices within ``WATCH_POLL``). Everything else runs on the
+event loop, where code between awaits is atomic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from .backend import ABANDON_KW
+from .fleet_share import (
+    ACTIVE_HOLD_FACTOR,
+    LEASE_MAX_SECONDS,
+    Fallback,
+    Grant,
+    LeasePool,
+)
+from .options import Config
+
+log = logging.getLogger(__name__)
+
+#: How often the renewer looks at the pool when nothing wakes it.
+TICK = 0.05
+#: While on the fallback budget, try Redis again this often.
+REJOIN_INTERVAL = 1.0
+
+
+class BudgetStore(Protocol):
+    """The shared bucket (fleet_redis.RedisBudget); blocking, called from a worker thread."""
+
+    def grant(
+        self,
+        mount_id: str,
+        weight: float,
+        want: tuple[float, float],
+        *,
+        hold: float,
+        give_back: tuple[float, float] = (0.0, 0.0),
+    ) -> Grant: ...
+
+    def close(self) -> None: ...
+
+    # Optional: ``watch(stop, on_change)`` (fleet_redis.RedisBudget.watch), the fleet's news.
+
+
+@dataclass(frozen=True)
+class FleetStatistics:
+    """What ``status`` and the metrics show about the fleet budget (rates per second)."""
+
+    budget: str  # the URL, without any password
+    weight: float
+    fallback: bool  # True while on the fallback budget
+    fallback_reason: str
+    fallback_seconds_total: float
+    fleet_metered: float  # as last read from Redis (0: not known or no limit)
+    fleet_units: float
+    share_metered: float  # this mount's share, as last granted
+    share_units: float
+    pace_metered: float  # the rate the writers are held to now (0: unlimited)
+    pace_units: float
+    mounts: int  # active mounts in the fleet, at the last grant
+    granted_metered_total: float
+    granted_units_total: float
+    leases_total: int  # grants that brought tokens
+    round_trips_total: int  # calls to Redis, failed ones included
+    errors_total: int
+    waited_total: int  # requests that waited for the fleet budget
+    wait_seconds_total: float
+
+
+def default_mount_id(mountpoint: str) -> str:
+    """Unique among live mounts: host, pid and mountpoint (a restart is a new mount)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{mountpoint}"
+
+
+class FleetBudget:
+    """Leases from the fleet's shared bucket, and the writers that spend them."""
+
+    def __init__(
+        self,
+        store: Callable[[], BudgetStore],
+        *,
+        budget: str,
+        mount_id: str,
+        weight: float = 1.0,
+        fallback: Fallback | None = None,
+        timeout: float = 0.5,
+        threads: bool = True,
+    ) -> None:
+        self._make_store = store
+        #: Off only in tests on trio's MockClock, where the fake store answers at once.
+        self._threads = threads
+        self._store: BudgetStore | None = None
+        self.budget = budget
+        self.mount_id = mount_id
+        self.weight = weight
+        self.fallback_policy = fallback or Fallback()
+        #: A call to Redis that has not answered by then is abandoned (its thread may linger).
+        self.deadline = 2 * timeout + 0.25
+        self.pool = LeasePool(now=0.0)
+        self._started = False
+        self._waiting = 0
+        self._changed = trio.Event()
+        self._pace_changed = trio.Event()
+        self._pace = (0.0, 0.0)
+        self._wake = trio.Event()
+        self._limiter = trio.CapacityLimiter(1)
+        self.last_grant: Grant | None = None
+        self.renew_now = False  # the fleet changed (watch): renew at the next step
+        self.notified_total = 0
+        self.fallback_since: float | None = None
+        self.fallback_reason = ""
+        self._fallback_seconds = 0.0
+        self._next_rejoin = 0.0
+        self.granted_metered_total = 0.0
+        self.granted_units_total = 0.0
+        self.leases_total = 0
+        self.round_trips_total = 0
+        self.errors_total = 0
+        self.waited_total = 0
+        self.wait_seconds_total = 0.0
+
+    # --- writers -----------------------------------------------------------------------------
+    async def acquire(self, metered: float, units: float) -> float:
+        """Wait until the request fits this mount's share; returns the seconds waited."""
+        start = trio.current_time()
+        while True:
+            leased = self.pool.leasing
+            delay = self.pool.reserve(trio.current_time(), metered, units)
+            if delay is None:
+                await self._wait_for_lease()
+                continue
+            if delay <= 0:
+                break
+            # Sleep out the pace, unless the pace changes meanwhile (a mount left and this
+            # one's share grew): then queue again at the new pace instead of the old one.
+            paced = self._pace_changed
+            try:
+                with trio.move_on_after(delay) as slept:
+                    await paced.wait()
+            except BaseException:
+                self.pool.refund(trio.current_time(), metered, units, leased=leased)
+                raise
+            if slept.cancelled_caught:
+                break
+            self.pool.refund(trio.current_time(), metered, units, leased=leased)
+        waited = trio.current_time() - start
+        if waited > 0:
+            self.waited_total += 1
+            self.wait_seconds_total += waited
+        return waited
+
+    async def _wait_for_lease(self) -> None:
+        self._waiting += 1
+        self._wake.set()
+        try:
+            await self._changed.wait()
+        finally:
+            self._waiting -= 1
+
+    # --- the renewer -------------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the lease pool filled until cancelled (unmount); then give the lease back."""
+        now = trio.current_time()
+        self.pool = LeasePool(now)  # on the loop's clock from here on
+        self._started = True
+        self._store = self._make_store()
+        task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                if hasattr(self._store, "watch"):
+                    nursery.start_soon(self._watch)
+                while True:
+                    await self._step(trio.current_time())
+                    with trio.move_on_after(TICK):
+                        await self._wake.wait()
+                    self._wake = trio.Event()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._leave()
+                if self._store is not None:
+                    self._store.close()
+
+    async def _watch(self) -> None:
+        """Listen for changes of the fleet (fleet_redis.watch) in a thread of its own, so a
+        mount joining or leaving moves every share at once, not at each mount's next lease.
+        Best effort: without it the shares still follow at the next lease."""
+        from .fleet_redis import StoreError
+
+        token = trio.lowlevel.current_trio_token()
+        stop = threading.Event()
+
+        def changed(mount_id: str) -> None:
+            if mount_id != self.mount_id:
+                with contextlib.suppress(trio.RunFinishedError):  # a message after unmount
+                    token.run_sync_soon(self._fleet_changed)
+
+        try:
+            while True:
+                try:
+                    await trio.to_thread.run_sync(self._store.watch, stop, changed, **ABANDON_KW)  # type: ignore[union-attr]
+                except StoreError as err:
+                    log.debug("watching the fleet budget %s: %s", self.budget, err)
+                await trio.sleep(REJOIN_INTERVAL)
+        finally:
+            stop.set()
+
+    def _fleet_changed(self) -> None:
+        """Another mount joined or left: this one's share moved; renew now if writing."""
+        self.renew_now = True
+        self._wake.set()
+
+    async def _step(self, now: float) -> None:
+        pool = self.pool
+        if self.renew_now:
+            self.renew_now = False
+            if self.fallback_since is None and pool.registered and not pool.idle(now):
+                self.notified_total += 1
+                await self._lease(now)
+                return
+        if self.fallback_since is not None:
+            if now < self._next_rejoin:
+                return
+            self._next_rejoin = now + REJOIN_INTERVAL
+            if self._waiting or now - pool.last_demand < 1.0:
+                await self._lease(now)
+            else:  # nobody writes: check Redis without taking a share
+                await self._call_release((0.0, 0.0), rejoin=True)
+        elif pool.needs_lease(now, self._waiting > 0):
+            await self._lease(now)
+        elif pool.idle(now):
+            await self._call_release(pool.release())
+
+    async def _lease(self, now: float) -> None:
+        want = self.pool.want()
+        hold = max(self.pool.period * ACTIVE_HOLD_FACTOR, 0.5)
+        grant = await self._call(want, hold)
+        if grant is None:
+            return
+        now = trio.current_time()
+        self.last_grant = grant
+        self.pool.granted(now, grant, gentle=self.fallback_since is not None)
+        if grant.metered > 0 or grant.units > 0:
+            self.leases_total += 1
+        self.granted_metered_total += grant.metered
+        self.granted_units_total += grant.units
+        self._rejoined(now, grant)
+        self._notify()
+
+    async def _call_release(self, back: tuple[float, float], *, rejoin: bool = False) -> None:
+        grant = await self._call((0.0, 0.0), LEASE_MAX_SECONDS, give_back=back)
+        if grant is not None:
+            self.last_grant = grant
+            if rejoin:
+                now = trio.current_time()
+                self._rejoined(now, grant)
+                # Back on leases: the next write asks for one.
+                self.pool.leasing = True
+                self.pool.balance_metered = self.pool.balance_units = 0.0
+                self._notify()
+
+    async def _call(
+        self, want: tuple[float, float], hold: float, give_back: tuple[float, float] = (0.0, 0.0)
+    ) -> Grant | None:
+        """One round trip in a worker thread, under the deadline; None (and fallback) on failure."""
+        from .fleet_redis import StoreError
+
+        store = self._store
+        assert store is not None
+        self.round_trips_total += 1
+
+        def call() -> Grant:
+            return store.grant(self.mount_id, self.weight, want, hold=hold, give_back=give_back)
+
+        reason = ""
+        with trio.move_on_after(self.deadline):
+            try:
+                if not self._threads:
+                    return call()
+                return await trio.to_thread.run_sync(call, limiter=self._limiter, **ABANDON_KW)
+            except StoreError as err:
+                reason = str(err)
+            except Exception as err:  # a bug or an unexpected reply must not end the mount
+                log.exception("asking the fleet budget %s failed", self.budget)
+                reason = f"unexpected error: {err}"
+        self.errors_total += 1
+        self._fall_back(trio.current_time(), reason or f"no answer within {self.deadline:.2g} s")
+        return None
+
+    async def _leave(self) -> None:
+        """Unmount: hand the unspent lease back so the others' shares grow at once."""
+        if not self._started or self.fallback_since is not None or not self.pool.registered:
+            return
+        with trio.move_on_after(self.deadline):
+            await self._call_release(self.pool.release())
+
+    def _fall_back(self, now: float, reason: str) -> None:
+        if self.fallback_since is not None:
+            return
+        share = self.last_grant
+        rates = self.fallback_policy.rates(
+            share.share_metered if share else 0.0, share.share_units if share else 0.0
+        )
+        self.pool.fallback(now, *rates)
+        self.fallback_since = now
+        self.fallback_reason = reason
+        self._next_rejoin = now + REJOIN_INTERVAL
+        what = (
+            "no fleet limit (never reached it; local ceilings only)"
+            if rates == (0.0, 0.0)
+            else f"{rates[0] / 2**20:.1f} MiB/s metered, {rates[1]:.0f} units/s"
+        )
+        log.warning(
+            "fleet budget %s unavailable (%s): on the fallback budget, %s, until it is back",
+            self.budget,
+            reason,
+            what,
+        )
+        self._notify()
+
+    def _rejoined(self, now: float, grant: Grant) -> None:
+        if self.fallback_since is None:
+            return
+        self._fallback_seconds += now - self.fallback_since
+        log.info(
+            "fleet budget %s is back after %.1f s: share %.1f MiB/s of %.1f MiB/s (%d mount(s))",
+            self.budget,
+            now - self.fallback_since,
+            grant.share_metered / 2**20,
+            grant.fleet_metered / 2**20,
+            grant.mounts,
+        )
+        self.fallback_since = None
+        self.fallback_reason = ""
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+        pace = self.pool.statistics()
+        if (pace.pace_metered, pace.pace_units) != self._pace:
+            self._pace = (pace.pace_metered, pace.pace_units)
+            self._pace_changed.set()
+            self._pace_changed = trio.Event()
+
+    # --- observability -----------------------------------------------------------------------
+    def statistics(self, now: float) -> FleetStatistics:
+        g = self.last_grant
+        pool = self.pool.statistics()
+        fallback_seconds = self._fallback_seconds
+        if self.fallback_since is not None:
+            fallback_seconds += max(0.0, now - self.fallback_since)
+        return FleetStatistics(
+            budget=self.budget,
+            weight=self.weight,
+            fallback=self.fallback_since is not None,
+            fallback_reason=self.fallback_reason,
+            fallback_seconds_total=fallback_seconds,
+            fleet_metered=g.fleet_metered if g else 0.0,
+            fleet_units=g.fleet_units if g else 0.0,
+            share_metered=g.share_metered if g else 0.0,
+            share_units=g.share_units if g else 0.0,
+            pace_metered=pool.pace_metered,
+            pace_units=pool.pace_units,
+            mounts=g.mounts if g else 0,
+            granted_metered_total=self.granted_metered_total,
+            granted_units_total=self.granted_units_total,
+            leases_total=self.leases_total,
+            round_trips_total=self.round_trips_total,
+            errors_total=self.errors_total,
+            waited_total=self.waited_total,
+            wait_seconds_total=self.wait_seconds_total,
+        )
+
+
+def from_config(config: Config) -> FleetBudget | None:
+    """The mount's FleetBudget for ``budget=...``, or None without one."""
+    if config.budget is None:
+        return None
+    from .fleet_redis import RedisBudget, read_password
+
+    address = config.budget
+    password_file = config.budget_password_file
+
+    def store() -> BudgetStore:
+        return RedisBudget(
+            address,
+            read_password(password_file),
+            timeout=config.budget_timeout,
+            ca_file=config.budget_ca or None,
+        )
+
+    return FleetBudget(
+        store,
+        budget=str(address),
+        mount_id=default_mount_id(config.mountpoint),
+        weight=config.budget_weight,
+        fallback=Fallback(config.budget_fallback),
+        timeout=config.budget_timeout,
+    )
