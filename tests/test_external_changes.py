@@ -1,24 +1,377 @@
 """Another writer changes the target under a live mount (another host on the same export, an
 operator in the source directory): files renamed, deleted, truncated, rewritten or replaced
 directly in the backing directory while the mount has them cached or open.
+
+A Hypothesis state machine interleaves operations through the mount with such changes and checks
+what the mount shows against a model:
+
+* once ``attr_timeout`` has passed, names, sizes and contents through the mount are the backing
+  directory's, by name and through handles that are still open;
+* before it has passed, a name shows its old file, its new one or ENOENT, never EIO and never a
+  third file's data;
+* a handle opened before its name was replaced or removed reads its own file (as POSIX gives an
+  open descriptor), never another file's data;
+* no call fails with EIO, the daemon logs no warning or error, holds no un-synced bytes once
+  every handle is closed, and unmounts with exit code 0 (the fixture checks the last two).
+
+Every file is written with a tag byte of its own, so "another file's data" is any byte that is
+neither zero (holes, extending truncates) nor the file's tag.
+
+With the writeback cache the kernel owns the size and pages of a file open through the mount
+(close-to-open, as on NFS): it writes whole cached pages back and never takes a size from the
+daemon while it caches the file. So in those runs the other writer changes open files only by
+name (rename, unlink, replace), not in place.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import shutil
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    multiple,
+    rule,
+    run_state_machine_as_test,
+)
 from mount_util import Daemon
 
 from fusethrottle import status_client
 
 pytestmark = pytest.mark.mount
 
+NAMES = ["a", "b", "c", "d/a", "d/b"]
+names = st.sampled_from(NAMES)
+offsets = st.one_of(st.integers(0, 3000), st.integers(8000, 12_000))
+lengths = st.integers(0, 3000)
+sizes = st.one_of(st.integers(0, 3000), st.integers(5000, 9000))
 #: Margin past attr_timeout before the mount must show the change: the kernel compares its
 #: cache's expiry with jiffies, so "expired" may come a tick later than the timeout.
 MARGIN = 0.05
+READ_ALL = 1 << 16
+_tags = itertools.count()
+
+
+@dataclass(eq=False)
+class File:
+    """One backing object (an inode), whatever names it has had."""
+
+    tag: int
+    data: bytearray = field(default_factory=bytearray)
+
+    def write(self, offset: int, length: int) -> bytes:
+        chunk = bytes([self.tag]) * length
+        if length:
+            if offset > len(self.data):
+                self.data.extend(bytes(offset - len(self.data)))
+            self.data[offset : offset + length] = chunk
+        return chunk
+
+    def truncate(self, size: int) -> None:
+        del self.data[size:]
+        self.data.extend(bytes(size - len(self.data)))
+
+    def could_be(self, data: bytes) -> bool:
+        """Whether *data* holds nothing but this file's bytes (and zeros)."""
+        return not data.replace(bytes([self.tag]), b"").replace(b"\0", b"")
+
+
+@dataclass(eq=False)
+class Handle:
+    fd: int
+    file: File
+
+
+def new_file() -> File:
+    return File(next(_tags) % 255 + 1)
+
+
+def read_path(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class ExternalWriters(RuleBasedStateMachine):
+    """Rules named ``mount_*``/``handle_*`` go through the mount, ``other_*`` change the backing
+    directory directly, as another writer would."""
+
+    daemon: ClassVar[Daemon]
+    attr_timeout: ClassVar[float]
+    writeback_cache: ClassVar[bool]
+    counter = itertools.count()
+    handles = Bundle("handles")
+
+    def __init__(self) -> None:
+        super().__init__()
+        n = next(self.counter)
+        assert self.daemon.source is not None
+        self.mnt = str(self.daemon.mountpoint / f"ex{n}")
+        self.back = str(self.daemon.source / f"ex{n}")
+        os.mkdir(self.mnt)
+        os.mkdir(os.path.join(self.mnt, "d"))
+        self.names: dict[str, File] = {}
+        self.open: list[Handle] = []
+        # Since the last settle: what each name changed behind the mount's back has shown
+        # (None: absent), and the files changed in place behind its back.
+        self.recent: dict[str, list[File | None]] = {}
+        self.changed: set[File] = set()
+        self.changed_at = 0.0
+
+    # --- helpers ------------------------------------------------------------------------------
+    def m(self, name: str) -> str:
+        return os.path.join(self.mnt, name)
+
+    def b(self, name: str) -> str:
+        return os.path.join(self.back, name)
+
+    def is_open(self, file: File) -> bool:
+        return any(h.file is file for h in self.open)
+
+    def behind_the_back(self, *changed: str) -> None:
+        """Note what *changed* names showed before another writer changes them."""
+        for name in changed:
+            self.recent.setdefault(name, []).append(self.names.get(name))
+        self.changed_at = time.monotonic()
+
+    def settle(self) -> None:
+        """Wait until the kernel's cache of what changed behind the mount's back has expired,
+        then the mount must show the backing directory exactly."""
+        if self.recent or self.changed:
+            remaining = self.changed_at + self.attr_timeout + MARGIN - time.monotonic()
+            if self.attr_timeout > 0 and remaining > 0:
+                time.sleep(remaining)
+        self.recent.clear()
+        self.changed.clear()
+        self.check_exact()
+
+    def check_exact(self) -> None:
+        for directory in ("", "d"):
+            expected = {
+                n.rpartition("/")[2] for n in self.names if n.rpartition("/")[0] == directory
+            }
+            if directory == "":
+                expected.add("d")
+            assert set(os.listdir(self.b(directory))) == expected, "model out of step"
+            assert set(os.listdir(self.m(directory))) == expected
+        inos = set()
+        for name in NAMES:
+            file = self.names.get(name)
+            if file is None:
+                with pytest.raises(FileNotFoundError):
+                    os.stat(self.m(name))
+                continue
+            st_mount = os.stat(self.m(name))
+            assert st_mount.st_size == len(file.data), name
+            assert read_path(self.m(name)) == file.data, name
+            assert read_path(self.b(name)) == file.data, f"model out of step: {name}"
+            inos.add(st_mount.st_ino)
+        assert len(inos) == len(self.names), "two names of different files share an inode"
+        for handle in self.open:
+            assert os.fstat(handle.fd).st_size == len(handle.file.data)
+            assert os.pread(handle.fd, READ_ALL, 0) == handle.file.data
+
+    # --- setup --------------------------------------------------------------------------------
+    @initialize(chosen=st.lists(st.tuples(names, lengths), max_size=4))
+    def populate(self, chosen: list[tuple[str, int]]) -> None:
+        for name, length in chosen:
+            self.mount_create(name, 0, length)
+
+    # --- through the mount --------------------------------------------------------------------
+    @rule(name=names, offset=offsets, length=lengths)
+    def mount_create(self, name: str, offset: int, length: int) -> None:
+        """open(O_CREAT | O_TRUNC), write, close: a backup writing a file."""
+        self.settle()
+        file = self.names.get(name)
+        if file is None:
+            file = self.names[name] = new_file()
+        file.truncate(0)
+        chunk = file.write(offset, length)
+        fd = os.open(self.m(name), os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+        try:
+            assert os.pwrite(fd, chunk, offset) == length
+        finally:
+            os.close(fd)
+
+    @rule(name=names, offset=offsets, length=lengths)
+    def mount_write(self, name: str, offset: int, length: int) -> None:
+        self.settle()
+        file = self.names.get(name)
+        if file is None:
+            with pytest.raises(FileNotFoundError):
+                os.open(self.m(name), os.O_WRONLY)
+            return
+        fd = os.open(self.m(name), os.O_WRONLY)
+        try:
+            assert os.pwrite(fd, file.write(offset, length), offset) == length
+        finally:
+            os.close(fd)
+
+    @rule(name=names)
+    def mount_read(self, name: str) -> None:
+        """By name, without waiting: the old file, the new one or ENOENT."""
+        seen = [*self.recent.get(name, []), self.names.get(name)]
+        try:
+            data = read_path(self.m(name))
+        except FileNotFoundError:
+            assert None in seen, f"{name} vanished"
+            return
+        candidates = [f for f in seen if f is not None]
+        assert candidates, f"{name} should not exist"
+        assert any(f.could_be(data) for f in candidates), f"{name} shows another file's data"
+        current = self.names.get(name)
+        if not self.recent.get(name) and current is not None and current not in self.changed:
+            assert data == current.data, name
+
+    @rule(src=names, dst=names)
+    def mount_rename(self, src: str, dst: str) -> None:
+        self.settle()
+        if src not in self.names:
+            with pytest.raises(FileNotFoundError):
+                os.rename(self.m(src), self.m(dst))
+            return
+        os.rename(self.m(src), self.m(dst))
+        self.names[dst] = self.names.pop(src)
+
+    @rule(name=names)
+    def mount_unlink(self, name: str) -> None:
+        self.settle()
+        if name not in self.names:
+            with pytest.raises(FileNotFoundError):
+                os.unlink(self.m(name))
+            return
+        os.unlink(self.m(name))
+        del self.names[name]
+
+    @rule(target=handles, name=names)
+    def mount_open(self, name: str) -> Any:
+        self.settle()
+        file = self.names.get(name)
+        if file is None:
+            with pytest.raises(FileNotFoundError):
+                os.open(self.m(name), os.O_RDWR)
+            return multiple()
+        handle = Handle(os.open(self.m(name), os.O_RDWR), file)
+        self.open.append(handle)
+        return handle
+
+    @rule(handle=handles, offset=offsets, length=lengths)
+    def handle_write(self, handle: Handle, offset: int, length: int) -> None:
+        if handle.file in self.changed:
+            # Its size in the kernel may still be the one before the other writer's change.
+            self.settle()
+        assert os.pwrite(handle.fd, handle.file.write(offset, length), offset) == length
+
+    @rule(handle=handles)
+    def handle_read(self, handle: Handle) -> None:
+        """An open file reads as itself whatever happened to its name."""
+        data = os.pread(handle.fd, READ_ALL, 0)
+        if handle.file in self.changed:
+            assert handle.file.could_be(data), "an open file shows another file's data"
+        else:
+            assert data == handle.file.data
+
+    @rule(handle=handles, datasync=st.booleans())
+    def handle_fsync(self, handle: Handle, datasync: bool) -> None:
+        (os.fdatasync if datasync else os.fsync)(handle.fd)
+
+    @rule(handle=consumes(handles))
+    def handle_close(self, handle: Handle) -> None:
+        os.close(handle.fd)
+        self.open.remove(handle)
+
+    @rule()
+    def mount_settle(self) -> None:
+        self.settle()
+
+    # --- the other writer -----------------------------------------------------------------------
+    @rule(src=names, dst=names)
+    def other_rename(self, src: str, dst: str) -> None:
+        if src not in self.names or src == dst:
+            return
+        self.behind_the_back(src, dst)
+        os.rename(self.b(src), self.b(dst))
+        self.names[dst] = self.names.pop(src)
+
+    @rule(name=names)
+    def other_unlink(self, name: str) -> None:
+        if name not in self.names:
+            return
+        self.behind_the_back(name)
+        os.unlink(self.b(name))
+        del self.names[name]
+
+    def _in_place(self, name: str) -> File | None:
+        file = self.names.get(name)
+        if file is None or (self.writeback_cache and self.is_open(file)):
+            return None  # see the module docstring
+        self.behind_the_back(name)
+        self.changed.add(file)
+        return file
+
+    @rule(name=names, size=sizes)
+    def other_truncate(self, name: str, size: int) -> None:
+        file = self._in_place(name)
+        if file is not None:
+            os.truncate(self.b(name), size)
+            file.truncate(size)
+
+    @rule(name=names, offset=offsets, length=lengths)
+    def other_write(self, name: str, offset: int, length: int) -> None:
+        file = self._in_place(name)
+        if file is not None:
+            fd = os.open(self.b(name), os.O_WRONLY)
+            try:
+                os.pwrite(fd, file.write(offset, length), offset)
+            finally:
+                os.close(fd)
+
+    @rule(name=names, length=lengths)
+    def other_replace(self, name: str, length: int) -> None:
+        """Write a new file aside and rename it over the name (what rsync does)."""
+        self.behind_the_back(name)
+        file = new_file()
+        directory, _, base = name.rpartition("/")
+        aside = self.b(os.path.join(directory, f".{base}.new"))
+        Path(aside).write_bytes(file.write(0, length))
+        os.rename(aside, self.b(name))
+        self.names[name] = file
+
+    @rule(name=names, length=lengths, churn=st.integers(0, 3))
+    def other_recreate(self, name: str, length: int, churn: int) -> None:
+        """Delete and make anew: the file system hands out the freed inode number again."""
+        self.behind_the_back(name)
+        if name in self.names:
+            os.unlink(self.b(name))
+        for i in range(churn):
+            spare = self.b(f".spare{i}")
+            Path(spare).write_bytes(b"")
+            os.unlink(spare)
+        file = new_file()
+        Path(self.b(name)).write_bytes(file.write(0, length))
+        self.names[name] = file
+
+    # --- the end ------------------------------------------------------------------------------
+    def teardown(self) -> None:
+        try:
+            self.settle()
+        finally:
+            for handle in self.open:
+                os.close(handle.fd)
+        held = unsynced(self.daemon)
+        assert held == 0, f"{held} un-synced bytes held after every file was closed"
+        shutil.rmtree(self.mnt)
+        assert not os.path.exists(self.back)
 
 
 def unsynced(daemon: Daemon, wait: float = 10.0) -> int:
@@ -31,6 +384,37 @@ def unsynced(daemon: Daemon, wait: float = 10.0) -> int:
         if held == 0 or time.monotonic() > deadline:
             return held
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("attr_timeout", "writeback_cache"),
+    [(0.0, True), (0.1, True), (0.0, False), (0.1, False)],
+    ids=["attr0-wb", "attr0.1-wb", "attr0-nowb", "attr0.1-nowb"],
+)
+def test_the_mount_follows_another_writer(
+    make_mount: Any, attr_timeout: float, writeback_cache: bool
+) -> None:
+    daemon = make_mount(
+        options=[
+            f"attr_timeout={attr_timeout:g}",
+            f"writeback_cache={'yes' if writeback_cache else 'no'}",
+        ]
+    )
+    ExternalWriters.daemon = daemon
+    ExternalWriters.attr_timeout = attr_timeout
+    ExternalWriters.writeback_cache = writeback_cache
+    run_state_machine_as_test(
+        ExternalWriters,
+        settings=settings(
+            max_examples=12,
+            stateful_step_count=30,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+
+
+# --- focused regressions ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("attr_timeout", [0.0, 0.1])
