@@ -61,7 +61,7 @@ class Inode:
     # Handles open on it through the mount.
     opens: int = 0
     # The kernel's FUSE generation of this node: changed to make the kernel drop a cached
-    # inode whose size it would otherwise keep (see Operations.lookup).
+    # inode whose size it would otherwise keep (see Operations._renew_if_changed).
     generation: int = 0
     # What the kernel was last told (or made itself, by writing) of its size and mtime (None:
     # not known, e.g. after our own writes moved the target's mtime).
