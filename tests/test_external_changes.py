@@ -25,6 +25,7 @@ name (rename, unlink, replace), not in place.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import shutil
@@ -91,6 +92,7 @@ class File:
 class Handle:
     fd: int
     file: File
+    writable: bool = True
 
 
 def new_file() -> File:
@@ -127,13 +129,25 @@ class ExternalWriters(RuleBasedStateMachine):
         self.recent: dict[str, list[File | None]] = {}
         self.changed: set[File] = set()
         self.changed_at = 0.0
+        self.pending = False  # something changed behind the mount's back since the last settle
+        # Writeback cache: files changed in place behind the mount's back while open through it
+        # (read-only). Until their last close the kernel keeps its own size and pages of them.
+        self.kernels_own: set[File] = set()
+        # The directory the model calls "d" is named this now (it moves between "d" and "e").
+        self.dirname = "d"
 
     # --- helpers ------------------------------------------------------------------------------
+    def path(self, name: str) -> str:
+        """Where the model's *name* is now: "d/..." follows the directory when it moves."""
+        if name == "d" or name.startswith("d/"):
+            return self.dirname + name[1:]
+        return name
+
     def m(self, name: str) -> str:
-        return os.path.join(self.mnt, name)
+        return os.path.join(self.mnt, self.path(name))
 
     def b(self, name: str) -> str:
-        return os.path.join(self.back, name)
+        return os.path.join(self.back, self.path(name))
 
     def is_open(self, file: File) -> bool:
         return any(h.file is file for h in self.open)
@@ -143,16 +157,18 @@ class ExternalWriters(RuleBasedStateMachine):
         for name in changed:
             self.recent.setdefault(name, []).append(self.names.get(name))
         self.changed_at = time.monotonic()
+        self.pending = True
 
     def settle(self) -> None:
         """Wait until the kernel's cache of what changed behind the mount's back has expired,
         then the mount must show the backing directory exactly."""
-        if self.recent or self.changed:
+        if self.pending:
             remaining = self.changed_at + self.attr_timeout + MARGIN - time.monotonic()
             if self.attr_timeout > 0 and remaining > 0:
                 time.sleep(remaining)
         self.recent.clear()
         self.changed.clear()
+        self.pending = False
         self.check_exact()
 
     def check_exact(self) -> None:
@@ -161,7 +177,7 @@ class ExternalWriters(RuleBasedStateMachine):
                 n.rpartition("/")[2] for n in self.names if n.rpartition("/")[0] == directory
             }
             if directory == "":
-                expected.add("d")
+                expected.add(self.dirname)
             assert set(os.listdir(self.b(directory))) == expected, "model out of step"
             assert set(os.listdir(self.m(directory))) == expected
         inos = set()
@@ -172,20 +188,37 @@ class ExternalWriters(RuleBasedStateMachine):
                     os.stat(self.m(name))
                 continue
             st_mount = os.stat(self.m(name))
-            assert st_mount.st_size == len(file.data), name
-            assert read_path(self.m(name)) == file.data, name
-            assert read_path(self.b(name)) == file.data, f"model out of step: {name}"
             inos.add(st_mount.st_ino)
+            # (Through the mount first: its close writes back what the kernel holds.)
+            through_mount = read_path(self.m(name))
+            assert read_path(self.b(name)) == file.data, f"model out of step: {name}"
+            if file in self.kernels_own:
+                assert file.could_be(through_mount), name
+                continue
+            assert st_mount.st_size == len(file.data), name
+            assert through_mount == file.data, name
         assert len(inos) == len(self.names), "two names of different files share an inode"
         for handle in self.open:
+            data = os.pread(handle.fd, READ_ALL, 0)
+            if handle.file in self.kernels_own:
+                assert handle.file.could_be(data)
+                continue
             assert os.fstat(handle.fd).st_size == len(handle.file.data)
-            assert os.pread(handle.fd, READ_ALL, 0) == handle.file.data
+            assert data == handle.file.data
 
     # --- setup --------------------------------------------------------------------------------
-    @initialize(chosen=st.lists(st.tuples(names, lengths), max_size=4))
-    def populate(self, chosen: list[tuple[str, int]]) -> None:
+    @initialize(
+        target=handles,
+        chosen=st.lists(st.tuples(names, lengths), min_size=1, max_size=4),
+        kept=st.lists(st.tuples(st.integers(0, 4), st.booleans()), max_size=3),
+    )
+    def populate(self, chosen: list[tuple[str, int]], kept: list[tuple[int, bool]]) -> Any:
+        """Some files, some of them open: most steps then change something that is cached."""
         for name, length in chosen:
             self.mount_create(name, 0, length)
+        existing = sorted(self.names)
+        opened = [self.mount_open(existing[i % len(existing)], rw) for i, rw in kept]
+        return multiple(*opened)
 
     # --- through the mount --------------------------------------------------------------------
     @rule(name=names, offset=offsets, length=lengths)
@@ -193,6 +226,8 @@ class ExternalWriters(RuleBasedStateMachine):
         """open(O_CREAT | O_TRUNC), write, close: a backup writing a file."""
         self.settle()
         file = self.names.get(name)
+        if file in self.kernels_own:
+            return  # see _in_place
         if file is None:
             file = self.names[name] = new_file()
         file.truncate(0)
@@ -211,6 +246,8 @@ class ExternalWriters(RuleBasedStateMachine):
             with pytest.raises(FileNotFoundError):
                 os.open(self.m(name), os.O_WRONLY)
             return
+        if file in self.kernels_own:
+            return  # see _in_place
         fd = os.open(self.m(name), os.O_WRONLY)
         try:
             assert os.pwrite(fd, file.write(offset, length), offset) == length
@@ -230,7 +267,12 @@ class ExternalWriters(RuleBasedStateMachine):
         assert candidates, f"{name} should not exist"
         assert any(f.could_be(data) for f in candidates), f"{name} shows another file's data"
         current = self.names.get(name)
-        if not self.recent.get(name) and current is not None and current not in self.changed:
+        if (
+            not self.recent.get(name)
+            and current is not None
+            and current not in self.changed
+            and current not in self.kernels_own
+        ):
             assert data == current.data, name
 
     @rule(src=names, dst=names)
@@ -253,20 +295,28 @@ class ExternalWriters(RuleBasedStateMachine):
         os.unlink(self.m(name))
         del self.names[name]
 
-    @rule(target=handles, name=names)
-    def mount_open(self, name: str) -> Any:
+    @rule(target=handles, name=names, writable=st.booleans())
+    def mount_open(self, name: str, writable: bool) -> Any:
         self.settle()
         file = self.names.get(name)
+        flags = os.O_RDWR if writable else os.O_RDONLY
         if file is None:
             with pytest.raises(FileNotFoundError):
-                os.open(self.m(name), os.O_RDWR)
+                os.open(self.m(name), flags)
             return multiple()
-        handle = Handle(os.open(self.m(name), os.O_RDWR), file)
+        if writable and file in self.kernels_own:
+            return multiple()  # see _in_place
+        handle = Handle(os.open(self.m(name), flags), file, writable)
         self.open.append(handle)
         return handle
 
     @rule(handle=handles, offset=offsets, length=lengths)
     def handle_write(self, handle: Handle, offset: int, length: int) -> None:
+        if not handle.writable:
+            with pytest.raises(OSError) as refused:
+                os.pwrite(handle.fd, b"x", offset)
+            assert refused.value.errno == errno.EBADF
+            return
         if handle.file in self.changed:
             # Its size in the kernel may still be the one before the other writer's change.
             self.settle()
@@ -276,7 +326,7 @@ class ExternalWriters(RuleBasedStateMachine):
     def handle_read(self, handle: Handle) -> None:
         """An open file reads as itself whatever happened to its name."""
         data = os.pread(handle.fd, READ_ALL, 0)
-        if handle.file in self.changed:
+        if handle.file in self.changed or handle.file in self.kernels_own:
             assert handle.file.could_be(data), "an open file shows another file's data"
         else:
             assert data == handle.file.data
@@ -289,6 +339,20 @@ class ExternalWriters(RuleBasedStateMachine):
     def handle_close(self, handle: Handle) -> None:
         os.close(handle.fd)
         self.open.remove(handle)
+        if handle.file in self.kernels_own and not self.is_open(handle.file):
+            # Closed: the next lookup shows the target's file, once the kernel's cached name
+            # (attr_timeout) has expired and it asks.
+            self.kernels_own.discard(handle.file)
+            self.changed.add(handle.file)
+            self.changed_at = time.monotonic()
+            self.pending = True
+
+    @rule()
+    def mount_move_dir(self) -> None:
+        self.settle()
+        moved = "e" if self.dirname == "d" else "d"
+        os.rename(os.path.join(self.mnt, self.dirname), os.path.join(self.mnt, moved))
+        self.dirname = moved
 
     @rule()
     def mount_settle(self) -> None:
@@ -312,9 +376,20 @@ class ExternalWriters(RuleBasedStateMachine):
         del self.names[name]
 
     def _in_place(self, name: str) -> File | None:
+        """The file the other writer changes in place, if the model can follow it.
+
+        With the writeback cache the kernel keeps the size and pages of a file open through
+        the mount: pages written through it go back whole over the other writer's bytes, so
+        files open for writing are left alone (see the module docstring), and one open only for
+        reading shows the kernel's copy until it is closed and must not be opened for writing
+        meanwhile."""
         file = self.names.get(name)
-        if file is None or (self.writeback_cache and self.is_open(file)):
-            return None  # see the module docstring
+        if file is None:
+            return None
+        if self.writeback_cache and self.is_open(file):
+            if any(h.writable for h in self.open if h.file is file):
+                return None
+            self.kernels_own.add(file)
         self.behind_the_back(name)
         self.changed.add(file)
         return file
@@ -335,6 +410,20 @@ class ExternalWriters(RuleBasedStateMachine):
                 os.pwrite(fd, file.write(offset, length), offset)
             finally:
                 os.close(fd)
+
+    @rule(handle=handles, size=sizes)
+    def other_truncate_open(self, handle: Handle, size: int) -> None:
+        """Truncate a file the mount has open, by whatever name it has now."""
+        name = next((n for n, f in self.names.items() if f is handle.file), None)
+        if name is not None:
+            self.other_truncate(name, size)
+
+    @rule(handle=handles, offset=offsets, length=lengths)
+    def other_write_open(self, handle: Handle, offset: int, length: int) -> None:
+        """Write into a file the mount has open, by whatever name it has now."""
+        name = next((n for n, f in self.names.items() if f is handle.file), None)
+        if name is not None:
+            self.other_write(name, offset, length)
 
     @rule(name=names, length=lengths)
     def other_replace(self, name: str, length: int) -> None:
@@ -360,6 +449,14 @@ class ExternalWriters(RuleBasedStateMachine):
         file = new_file()
         Path(self.b(name)).write_bytes(file.write(0, length))
         self.names[name] = file
+
+    @rule()
+    def other_move_dir(self) -> None:
+        """The directory and everything in it (cached or open through the mount) moves."""
+        self.behind_the_back()
+        moved = "e" if self.dirname == "d" else "d"
+        os.rename(os.path.join(self.back, self.dirname), os.path.join(self.back, moved))
+        self.dirname = moved
 
     # --- the end ------------------------------------------------------------------------------
     def teardown(self) -> None:
