@@ -18,9 +18,10 @@ Every file is written with a tag byte of its own, so "another file's data" is an
 neither zero (holes, extending truncates) nor the file's tag.
 
 With the writeback cache the kernel owns the size and pages of a file open through the mount
-(close-to-open, as on NFS): it writes whole cached pages back and never takes a size from the
-daemon while it caches the file. So in those runs the other writer changes open files only by
-name (rename, unlink, replace), not in place.
+(close-to-open, as on NFS): it writes whole cached pages back over the other writer's bytes and
+takes no size from the daemon while the file is open. So in those runs the other writer changes
+files open for writing through the mount only by name (rename, unlink, replace); one open only
+for reading may also change in place, and shows only its own bytes until its last close.
 """
 
 from __future__ import annotations
