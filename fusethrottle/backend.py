@@ -344,8 +344,11 @@ class Backend:
         self._seen("write", result)
         return result
 
-    async def flush(self, caller: Caller | None, fd: int) -> None:
-        await self._run(self.data, caller, _flush, fd)
+    async def flush(
+        self, caller: Caller | None, fd: int, want_stat: bool = False
+    ) -> os.stat_result | None:
+        """What close(2) does on the target; with *want_stat*, the file's attributes after."""
+        return await self._run(self.data, caller, _flush, fd, want_stat)
 
     async def close(self, fd: int) -> None:
         await self.data.run(os.close, fd)

@@ -60,6 +60,9 @@ PIECE_SECONDS = 0.1
 PIECE_MIN = 128 << 10
 #: ... and until the rate is known, this.
 PIECE_UNKNOWN_RATE = 1 << 20
+#: An injected sync that fails with this found the file gone from the target: on NFS, another
+#: client deleted it. Its data can never be synced; retrying would hold it forever.
+GONE = frozenset({errno_mod.ESTALE})
 
 
 def writeback_piece(commit_rate: float | None, trigger: int) -> int:
@@ -269,6 +272,9 @@ class Flusher:
         """Account for one fsync call (a group counts as one: one commit round trip)."""
         synced = 0
         for ticket, error in results:
+            if error in GONE:
+                self._gone(ticket, reason)
+                continue
             self.budget.end_sync(ticket, error, now)
             if error is None:
                 synced += ticket.nbytes
@@ -287,6 +293,22 @@ class Flusher:
             failed = next((error for _, error in results if error is not None), None)
             self.on_fsync(reason, seconds, sum(t.nbytes for t, _ in results), failed)
         self.poke()
+
+    def _gone(self, ticket: SyncTicket, reason: str) -> None:
+        """The file is gone from the target (another writer deleted it): its un-synced bytes
+        leave the ledger, the synced bytes and the sync's time say nothing about the target,
+        and nobody is told of an error (the application's own fsync or close of the file meets
+        the target's ESTALE itself)."""
+        self.budget.end_sync(ticket, errno_mod.ESTALE, trio.current_time(), reported=True)
+        self.budget.discard(ticket.nodeid)  # and what was written while the sync ran
+        log.info(
+            "injected fsync (%s) of inode %d: the file is gone from the target (deleted by "
+            "another writer); its %d un-synced bytes are dropped",
+            reason,
+            ticket.nodeid,
+            ticket.nbytes,
+        )
+        self._maybe_drop(ticket.nodeid)
 
     def _log_error(self, nodeid: int, reason: str, error: int, now: float) -> None:
         if not self._error_log.allow(nodeid, now):

@@ -64,8 +64,29 @@ class Inode:
     entry_parent: int = 0
     entry_name: bytes = b""
     asked_until: float = 0.0
-    # Handles the kernel has open on it (a name of an open file is never dropped).
+    # Handles open on it through the mount (a name of an open file is never dropped, nor is an
+    # open file renewed, see Operations._renew_if_changed).
     open_handles: int = 0
+    # The kernel's FUSE generation of this node: changed to make the kernel drop a cached
+    # inode whose size it would otherwise keep (see Operations._renew_if_changed).
+    generation: int = 0
+    # What the kernel was last told (or made itself, by writing) of its size and mtime (None:
+    # not known, e.g. after our own writes moved the target's mtime).
+    shown_size: int | None = None
+    shown_mtime_ns: int | None = None
+
+    def show(self, st: os.stat_result) -> None:
+        """The kernel was handed these attributes in an entry (it takes the size from those)."""
+        self.shown_size = st.st_size
+        self.shown_mtime_ns = st.st_mtime_ns
+
+    def changed_behind_our_back(self, st: os.stat_result) -> bool:
+        """Whether *st* differs from what the kernel was last shown of this file."""
+        if self.shown_size is None:
+            return False
+        if st.st_size != self.shown_size:
+            return True
+        return self.shown_mtime_ns is not None and st.st_mtime_ns != self.shown_mtime_ns
 
     def note_written(self, offset: int, length: int) -> None:
         self.written = grow(self.written, offset, length)

@@ -204,7 +204,8 @@ class Operations(pyfuse3.Operations):
     def _attr(self, nodeid: int, st: os.stat_result) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = nodeid
-        attr.generation = 0
+        node = self.inodes.get(nodeid)
+        attr.generation = node.generation if node is not None else 0
         attr.entry_timeout = self.attr_timeout
         attr.attr_timeout = self.attr_timeout
         attr.st_mode = st.st_mode
@@ -220,10 +221,51 @@ class Operations(pyfuse3.Operations):
         attr.st_ctime_ns = st.st_ctime_ns
         return attr
 
-    def _entry(self, created: Created, parent: int, name: bytes) -> pyfuse3.EntryAttributes:
+    def _entry(
+        self,
+        created: Created,
+        parent: int,
+        name: bytes,
+        *,
+        shown: bool = True,
+        renew: bool = False,
+    ) -> pyfuse3.EntryAttributes:
+        """Register a found or made object under *name* in *parent*. *shown*: the kernel takes
+        its size from this reply (not so for a hard link, which names an inode the kernel may
+        hold already); *renew*: a lookup, which may hand the kernel a new generation (see
+        _renew_if_changed)."""
         inode = self.inodes.register(created.path_fd, created.st)
         inode.entry_parent, inode.entry_name = parent, name
+        if renew:
+            shown = self._renew_if_changed(inode, created.st)
+        if shown:
+            inode.show(created.st)
         return self._attr(inode.nodeid, created.st)
+
+    def _renew_if_changed(self, node: Inode, st: os.stat_result) -> bool:
+        """Make the kernel drop its inode of a file another writer changed behind our back.
+
+        With the writeback cache the kernel keeps the size (and mtime) of a cached regular
+        file itself and ignores the daemon's: a file truncated, extended or rewritten on the
+        target by another host or in the source directory would show its old size (and its
+        old cached pages) through the mount for as long as the kernel caches the inode, even
+        with attr_timeout=0. An entry with a new generation makes the kernel drop that inode
+        at this lookup and make a new one from the target's attributes. Only for files nobody
+        has open through the mount: the kernel fails I/O on a dropped inode (EIO), and an open
+        file's size and pages are the kernel's own until close, as on NFS (close-to-open).
+        Returns whether the kernel takes *st*'s size (False: it keeps its own, and the change
+        is still to be made known at a lookup after the file's last close).
+        """
+        if not (
+            self.enable_writeback_cache
+            and stat.S_ISREG(st.st_mode)
+            and node.changed_behind_our_back(st)
+        ):
+            return True
+        if node.open_handles > 0:
+            return False
+        node.generation += 1
+        return True
 
     def _owner(self, ctx: pyfuse3.RequestContext) -> tuple[int, int] | None:
         """Who a new object must be given to; None when that is us already, or when it was
@@ -297,8 +339,8 @@ class Operations(pyfuse3.Operations):
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
         self._refuse_when_closing()
         parent = self.inodes[parent_inode]
-        created = await self.backend.lookup(self.callers.of(ctx), parent.path_fd, name)
-        return self._entry(created, parent_inode, name)
+        found = await self.backend.lookup(self.callers.of(ctx), parent.path_fd, name)
+        return self._entry(found, parent_inode, name, renew=True)
 
     async def forget(self, inode_list: Any) -> None:
         for nodeid, count in inode_list:
@@ -367,6 +409,9 @@ class Operations(pyfuse3.Operations):
         )
         if size == 0:
             self.budget.discard(inode)
+        if size is not None:
+            node.shown_size = st.st_size  # a truncate's size is one the kernel takes
+        node.shown_mtime_ns = st.st_mtime_ns
         return self._attr(inode, st)
 
     @_replies
@@ -434,7 +479,7 @@ class Operations(pyfuse3.Operations):
         created = await self.backend.link(
             self.callers.of(ctx), node.path_fd, parent.path_fd, new_name
         )
-        return self._entry(created, new_parent_inode, new_name)
+        return self._entry(created, new_parent_inode, new_name, shown=False)
 
     @_replies
     async def statfs(self, ctx: Any = None) -> Any:
@@ -536,6 +581,8 @@ class Operations(pyfuse3.Operations):
             node.capability_to_drop = True
         if flags & os.O_TRUNC:
             self.budget.discard(inode)
+            node.shown_size = 0
+            node.shown_mtime_ns = None
         return self._file_info(fd, node, flags, caller)
 
     @_replies
@@ -596,6 +643,9 @@ class Operations(pyfuse3.Operations):
         async with node.write_lock:
             written = await self.budget.write(node.nodeid, len(buf), send)
         node.note_written(off, written)
+        if node.shown_size is not None:
+            node.shown_size = max(node.shown_size, off + written)  # the kernel's size grew too
+        node.shown_mtime_ns = None
         if drop:
             node.capability_to_drop = False
         self.events.bytes_written(written)
@@ -626,8 +676,15 @@ class Operations(pyfuse3.Operations):
     @_replies
     async def flush(self, fh: int) -> None:
         handle = self._handle(fh)
+        node = handle.inode
         await self._report_pending(handle)
-        await self.backend.flush(handle.caller, handle.fd)
+        # Written through the mount since the kernel was shown its mtime: learn the one our
+        # writes left (every cached page reached us before this flush), so that a later change
+        # by another writer that keeps the size is still told apart (see _renew_if_changed).
+        learn = self.enable_writeback_cache and node.shown_mtime_ns is None
+        st = await self.backend.flush(handle.caller, handle.fd, learn)
+        if st is not None and node.shown_mtime_ns is None:
+            node.shown_mtime_ns = st.st_mtime_ns
 
     @_replies
     async def release(self, fh: int) -> None:
@@ -685,10 +742,14 @@ class Operations(pyfuse3.Operations):
             if not batch:
                 return
             for position, (next_index, name, created) in enumerate(batch):
+                shown = True
                 if created.path_fd < 0:  # "." or ".."
                     nodeid = self._dot_nodeid(handle.inode, name, created.st)
                 else:
                     nodeid = self.inodes.nodeid_for(created.st)
+                    known = self.inodes.get(nodeid)
+                    if known is not None:
+                        shown = self._renew_if_changed(known, created.st)
                 attr = self._attr(nodeid, created.st)
                 if not pyfuse3.readdir_reply(token, name, attr, next_index):
                     for _, _, unused in batch[position:]:
@@ -699,6 +760,8 @@ class Operations(pyfuse3.Operations):
                     # readdirplus: the kernel now holds a reference, exactly as after lookup().
                     node = self.inodes.register(created.path_fd, created.st)
                     node.entry_parent, node.entry_name = handle.inode.nodeid, name
+                    if shown:
+                        node.show(created.st)
             index = batch[-1][0]
 
     def _dot_nodeid(self, directory: Inode, name: bytes, st: os.stat_result) -> int:

@@ -109,16 +109,17 @@ def ft(make_mount: MakeMount) -> Daemon:
 
 
 @pytest.fixture
-def make_memfs(workdir: Path) -> Iterator[Callable[[str], tuple[Daemon, Path]]]:
-    """``make_memfs(name)`` -> (memfs Daemon, its write/fsync record file)."""
+def make_memfs(workdir: Path) -> Iterator[Callable[..., tuple[Daemon, Path]]]:
+    """``make_memfs(name, stale_unlinked=False)`` -> (memfs Daemon, its write/fsync record
+    file)."""
     daemons: list[Daemon] = []
 
-    def make(name: str) -> tuple[Daemon, Path]:
+    def make(name: str, stale_unlinked: bool = False) -> tuple[Daemon, Path]:
         mountpoint = workdir / name
         mountpoint.mkdir(exist_ok=True)
         record = workdir / f"{name}.record"
         record.touch()
-        daemon = start_memfs(mountpoint, record)
+        daemon = start_memfs(mountpoint, record, stale_unlinked=stale_unlinked)
         daemons.append(daemon)
         return daemon, record
 

@@ -5,8 +5,10 @@ log file outside itself, so a test can see that an fsync issued on the fusethrot
 reached the target; and it can be frozen with SIGSTOP, so every request into it hangs exactly
 like a dead NFS server.
 
-Run as ``python memfs.py MOUNTPOINT LOGFILE``; SIGTERM or ``fusermount3 -u`` ends it. Only what
-the tests need is implemented; everything else answers ENOSYS.
+Run as ``python memfs.py MOUNTPOINT LOGFILE [--stale-unlinked]``; SIGTERM or ``fusermount3 -u``
+ends it. With ``--stale-unlinked`` a removed file is gone for everyone, as on an NFS server when
+another client deletes it: opening, reading, writing or syncing it answers ESTALE. Only what the
+tests need is implemented; everything else answers ENOSYS.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ class Node:
 
 
 class MemFS(pyfuse3.Operations):
-    def __init__(self, log_path: str) -> None:
+    def __init__(self, log_path: str, stale_unlinked: bool = False) -> None:
         super().__init__()
+        self.stale_unlinked = stale_unlinked
         self.nodes: dict[int, Node] = {pyfuse3.ROOT_INODE: Node(stat.S_IFDIR | 0o755, b"", nlink=2)}
         self.next_ino = pyfuse3.ROOT_INODE + 1
         self.log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the fs
@@ -63,6 +66,13 @@ class MemFS(pyfuse3.Operations):
             return self.nodes[ino]
         except KeyError:
             raise pyfuse3.FUSEError(errno.ENOENT) from None
+
+    def _live(self, ino: int) -> Node:
+        """A file to open, read, write or sync: ESTALE once removed, with --stale-unlinked."""
+        node = self._node(ino)
+        if self.stale_unlinked and node.nlink == 0:
+            raise pyfuse3.FUSEError(errno.ESTALE)
+        return node
 
     def _new(self, parent: int, name: bytes, mode: int) -> int:
         directory = self._node(parent)
@@ -100,14 +110,14 @@ class MemFS(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=ino), self._attr(ino)
 
     async def open(self, inode, flags, ctx):
-        self._node(inode)
+        self._live(inode)
         return pyfuse3.FileInfo(fh=inode)
 
     async def read(self, fh, off, size):
-        return bytes(self._node(fh).data[off : off + size])
+        return bytes(self._live(fh).data[off : off + size])
 
     async def write(self, fh, off, buf):
-        node = self._node(fh)
+        node = self._live(fh)
         if off > len(node.data):
             node.data.extend(b"\0" * (off - len(node.data)))
         node.data[off : off + len(buf)] = buf
@@ -115,7 +125,7 @@ class MemFS(pyfuse3.Operations):
         return len(buf)
 
     async def fsync(self, fh, datasync):
-        node = self._node(fh)
+        node = self._live(fh)
         self.record("fsync", node.name.decode(), len(node.data), int(bool(datasync)))
 
     async def flush(self, fh):
@@ -169,8 +179,9 @@ async def _serve() -> None:
 
 
 def main(argv: list[str]) -> int:
-    mountpoint, log_path = argv
-    pyfuse3.init(MemFS(log_path), mountpoint, {"fsname=memfs", "subtype=memfs"})
+    mountpoint, log_path, *flags = argv
+    fs = MemFS(log_path, stale_unlinked="--stale-unlinked" in flags)
+    pyfuse3.init(fs, mountpoint, {"fsname=memfs", "subtype=memfs"})
     try:
         trio.run(_serve)
     finally:

@@ -252,10 +252,15 @@ def start_fusethrottle(
     return daemon
 
 
-def start_memfs(mountpoint: Path, record: Path, timeout: float = START_TIMEOUT) -> Daemon:
-    """The in-memory target of memfs.py; *record* receives its write/fsync log."""
+def start_memfs(
+    mountpoint: Path, record: Path, timeout: float = START_TIMEOUT, stale_unlinked: bool = False
+) -> Daemon:
+    """The in-memory target of memfs.py; *record* receives its write/fsync log;
+    *stale_unlinked*: removed files answer ESTALE, as on NFS after another client's delete."""
     log_path = mountpoint.with_name(mountpoint.name + ".log")
     argv = [sys.executable, MEMFS, str(mountpoint), str(record)]
+    if stale_unlinked:
+        argv.append("--stale-unlinked")
     return _start(argv, mountpoint, log_path, "fuse.memfs", timeout)
 
 

@@ -261,6 +261,37 @@ def test_with_the_writeback_cache_the_kernel_positions_appends_and_reads_pages(
     assert (backing / "f").read_bytes() == b"head+tail"
 
 
+def test_a_lookup_renews_a_closed_file_another_writer_changed(
+    run: Callable[..., None], backing: Path
+) -> None:
+    """With the writeback cache the kernel ignores the size in the replies for a file it
+    caches; a new generation (it then makes a new inode) is the only way to give it the
+    target's. Not for our own writes, and not while the file is open through the mount (the
+    kernel fails I/O on the inode it drops): then at the first lookup after the last close."""
+
+    async def body(fs: Fs) -> None:
+        fh, attr = await fs.create(ROOT, b"f")
+        assert await fs.ops.write(fh, 0, b"x" * 100) == 100
+        await fs.ops.flush(fh)
+        await fs.ops.release(fh)
+        first = await fs.lookup(ROOT, b"f")
+        assert first.st_ino == attr.st_ino and first.generation == attr.generation
+
+        reader = await fs.open(first.st_ino, os.O_RDONLY)
+        os.truncate(backing / "f", 10)  # another writer
+        assert (await fs.lookup(ROOT, b"f")).generation == first.generation  # open: kept
+        await fs.ops.release(reader)
+        renewed = await fs.lookup(ROOT, b"f")
+        assert renewed.generation != first.generation and renewed.st_size == 10
+        assert (await fs.lookup(ROOT, b"f")).generation == renewed.generation
+
+        mtime = os.stat(backing / "f").st_mtime_ns
+        os.utime(backing / "f", ns=(mtime, mtime + 10**9))  # same size, rewritten
+        assert (await fs.lookup(ROOT, b"f")).generation != renewed.generation
+
+    run(body, writeback_cache=True)
+
+
 def test_open_flags_reach_the_backing_file(run: Callable[..., None], backing: Path) -> None:
     async def body(fs: Fs) -> None:
         nodeid = await fs.put(ROOT, b"f", b"old contents")
