@@ -332,13 +332,13 @@ class Backend:
             credentials = self.credentials
 
             def fn(fd: int, data: bytes, offset: int) -> int:
-                # What the kernel does on anyone's write: as the daemon (see removexattr).
+                # What the kernel does on anyone's write: as the daemon (see removexattr);
+                # the write itself as the caller.
                 if credentials is None:
                     _drop_capability(fd)
-                else:
-                    credentials.call_as(None, _drop_capability, fd)
-                    credentials.call_as(caller, lambda: None)
-                return plain(fd, data, offset)
+                    return plain(fd, data, offset)
+                credentials.call_as(None, _drop_capability, fd)
+                return credentials.call_as(caller, plain, fd, data, offset)
 
         result = await self._run(self.data, caller, fn, fd, data, offset)
         self._seen("write", result)

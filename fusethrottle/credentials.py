@@ -144,7 +144,6 @@ class ThreadCredentials:
         self._sys_setgroups = _SYS_SETGROUPS[platform.machine()]
         self._daemon = Caller(os.geteuid(), os.getegid(), tuple(sorted(set(os.getgroups()))))
         self._local = threading.local()
-        self.switches = 0
 
     def call_as(self, caller: Caller | None, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in this thread as *caller* (None: as the daemon)."""
@@ -155,7 +154,6 @@ class ThreadCredentials:
         return fn(*args)
 
     def _become(self, who: Caller) -> None:
-        self.switches += 1
         try:
             self._set_groups(who.groups)
             _libc.setfsgid(who.gid)
