@@ -37,6 +37,7 @@ from .events import Events, NullEvents
 from .fleet import FleetBudget
 from .fleet import from_config as fleet_from_config
 from .flusher import Flusher
+from .init_flags import KillprivV2
 from .inodes import Inode, InodeTable
 from .kernel_cache import KernelCache
 from .kernel_entries import KernelEntries, bounds_for
@@ -209,6 +210,9 @@ def build(
         offer_xattrs=xattrs,
         target_xattrs=target_xattrs,
         callers=Callers(switching),
+        # The target does the set-ID and capability removal itself only when it sees the
+        # writer: calls made as the caller, or a mount nobody but the daemon's user writes to.
+        killpriv_v2=KillprivV2() if switching or not config.allow_other else None,
     )
     return Mount(
         config,

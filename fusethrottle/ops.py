@@ -32,6 +32,7 @@ from .ceilings import Ceilings
 from .credentials import Caller, Callers
 from .events import Events, NullEvents
 from .flusher import Flusher
+from .init_flags import KillprivV2
 from .inodes import Inode, InodeTable
 from .loglimit import LogLimiter
 from .meter import METADATA_CLASS, OpClass
@@ -170,8 +171,10 @@ class Operations(pyfuse3.Operations):
         offer_xattrs: bool = True,
         target_xattrs: bool = True,
         callers: Callers | None = None,
+        killpriv_v2: KillprivV2 | None = None,
     ) -> None:
         super().__init__()
+        self.killpriv_v2 = killpriv_v2
         self.ceilings = ceilings
         self.backend = backend
         self.inodes = inodes
@@ -312,6 +315,11 @@ class Operations(pyfuse3.Operations):
                 flags = (flags & ~os.O_ACCMODE) | os.O_RDWR
             flags &= ~os.O_APPEND
         return flags
+
+    def init(self) -> None:
+        """Runs inside libfuse's INIT handling, before its reply is written."""
+        if self.killpriv_v2 is not None:
+            self.killpriv_v2.arm()
 
     # --- shutdown with the writeback cache ----------------------------------------------------
     def close_the_cache(self) -> None:
