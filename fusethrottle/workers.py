@@ -11,7 +11,9 @@ trio 0.22. What stays is what the daemon relies on:
   the others, and the event loop, keep going);
 * a cancelled caller (unmount giving up on a hung target) returns at once and leaves its thread
   behind; whatever that thread returns later is dropped;
-* an exception in the call is raised in the caller.
+* an exception in the call is raised in the caller;
+* a thread idle for ``idle_seconds`` ends, so the count follows recent concurrency rather
+  than the highest ever seen (a burst of a long backup would otherwise keep its threads).
 
 Concurrency: ``run`` is called from the event loop only; the counters shared with the threads
 are guarded by one lock, held for a few instructions.
@@ -54,13 +56,14 @@ def _deliver(job: _Job, result: outcome.Outcome) -> None:
 
 
 class WorkerPool:
-    """Up to ``size`` threads, started on demand and kept; jobs run in submission order."""
+    """Up to ``size`` threads, started on demand, ended when idle; jobs run in submission order."""
 
-    def __init__(self, name: str, size: int) -> None:
+    def __init__(self, name: str, size: int, idle_seconds: float = 10.0) -> None:
         if size < 1:
             raise ValueError("a pool needs at least one thread")
         self.name = name
         self.size = size
+        self.idle_seconds = idle_seconds
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
@@ -96,7 +99,18 @@ class WorkerPool:
         while True:
             with self._lock:
                 self._idle += 1
-            job = self._jobs.get()
+            try:
+                job = self._jobs.get(timeout=self.idle_seconds)
+            except queue.Empty:
+                with self._lock:
+                    # A caller that counted on an idle thread has raised _queued before its
+                    # put: while anything is queued, nobody may leave.
+                    if self._queued == 0:
+                        self._idle -= 1
+                        self._threads -= 1
+                        return
+                    self._idle -= 1
+                continue
             with self._lock:
                 self._idle -= 1
                 self._queued -= 1

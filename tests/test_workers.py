@@ -68,3 +68,43 @@ def test_a_cancelled_caller_leaves_a_hung_call_behind_and_the_loop_goes_on() -> 
 
     trio.run(main)
     assert finished.is_set()
+
+
+def test_idle_threads_end_and_new_calls_start_new_ones() -> None:
+    """After a burst the pool shrinks back, so a long backup's thread count follows what it
+    does now, not the busiest moment it ever had."""
+
+    async def main() -> None:
+        pool = WorkerPool("t", 4, idle_seconds=0.2)
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(pool.run, time.sleep, 0.05)
+        assert pool.threads == 4
+        deadline = time.monotonic() + 5
+        while pool.threads and time.monotonic() < deadline:
+            await trio.sleep(0.05)
+        assert pool.threads == 0
+        assert await pool.run(lambda: "again") == "again"
+        assert pool.threads == 1
+
+    trio.run(main)
+
+
+def test_no_call_is_lost_while_threads_are_ending() -> None:
+    """A call submitted just as the idle thread it counted on times out must still run."""
+
+    async def main() -> None:
+        pool = WorkerPool("t", 2, idle_seconds=0.0005)
+        done = 0
+        with trio.fail_after(30):
+            for round_ in range(400):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(1 + round_ % 3):
+                        nursery.start_soon(pool.run, time.sleep, 0)
+                done += 1 + round_ % 3
+                if round_ % 7 == 0:
+                    await trio.sleep(0.001)
+        assert done == sum(1 + r % 3 for r in range(400))
+        assert pool.threads <= 2
+
+    trio.run(main)
