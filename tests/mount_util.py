@@ -16,6 +16,7 @@ Rules every helper here keeps:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fusethrottle import mountinfo
 
@@ -116,6 +118,18 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
 def fusermount_unmount(path: str | Path, lazy: bool = False) -> subprocess.CompletedProcess[str]:
     args = ["fusermount3", "-u", "-z" if lazy else "-q", str(path)]
     return subprocess.run(args, capture_output=True, text=True, timeout=STOP_TIMEOUT, check=False)
+
+
+def status_json(mountpoint: Path) -> dict[str, Any]:
+    """What ``fusethrottle status --json`` says of the mount."""
+    out = subprocess.run(
+        [FUSETHROTTLE, "status", str(mountpoint), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 from conftest import MakeMount
-from mount_util import FUSETHROTTLE
+from mount_util import status_json
 
 from fusethrottle.credentials import (
     GROUPS_TTL,
@@ -450,7 +450,7 @@ def test_the_kernel_stops_asking_per_write_and_set_id_bits_still_drop(
     try:
         assert writer.stdout is not None and writer.stdin is not None
         assert writer.stdout.readline() == "first\n"
-        ops = _status_json(mnt.mountpoint)["operations"]
+        ops = status_json(mnt.mountpoint)["operations"]
         assert ops.get("getxattr", 0) < 16, ops
         if made_set_id == "through the mount":
             (mnt.mountpoint / "shared").chmod(0o6777)
@@ -467,14 +467,3 @@ def test_the_kernel_stops_asking_per_write_and_set_id_bits_still_drop(
     subprocess.run(["sync", "-f", str(mnt.mountpoint / "shared")], check=True, timeout=60)
     assert shared.stat().st_mode & 0o7777 == 0o777
     assert shared.read_bytes() == b"y" * 4096 + b"x" * (255 * 4096)
-
-
-def _status_json(mountpoint: Path) -> dict[str, Any]:
-    out = subprocess.run(
-        [FUSETHROTTLE, "status", str(mountpoint), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return json.loads(out.stdout)  # type: ignore[no-any-return]

@@ -4,14 +4,12 @@ status and metrics of a mount with a budget, and a real mount that writes while 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import trio
-from mount_util import FUSETHROTTLE, wait_for
+from mount_util import status_json, wait_for
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis_util import RedisServer
@@ -182,17 +180,6 @@ def daemon_close(m: Metrics) -> None:
 # --- a real mount ---------------------------------------------------------------------------
 
 
-def _status_json(mountpoint: Path) -> dict:  # type: ignore[type-arg]
-    out = subprocess.run(
-        [FUSETHROTTLE, "status", str(mountpoint), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
-
-
 @pytest.mark.mount
 def test_a_mount_writes_through_a_redis_outage_and_rejoins(
     make_mount, redis_server: RedisServer
@@ -210,7 +197,7 @@ def test_a_mount_writes_through_a_redis_outage_and_rejoins(
             f.write(data)
         f.flush()
         os.fsync(f.fileno())
-        joined = _status_json(ft.mountpoint)["fleet"]
+        joined = status_json(ft.mountpoint)["fleet"]
         assert joined["fallback"] is False
         assert joined["fleet_metered"] == 200 * MiB
         assert joined["leases_total"] >= 1
@@ -220,10 +207,10 @@ def test_a_mount_writes_through_a_redis_outage_and_rejoins(
             f.write(data)
         f.flush()
         os.fsync(f.fileno())
-        assert wait_for(lambda: _status_json(ft.mountpoint)["fleet"]["fallback"], 30, 0.2)
+        assert wait_for(lambda: status_json(ft.mountpoint)["fleet"]["fallback"], 30, 0.2)
 
         redis_server.start()
-        assert wait_for(lambda: not _status_json(ft.mountpoint)["fleet"]["fallback"], 30, 0.2)
+        assert wait_for(lambda: not status_json(ft.mountpoint)["fleet"]["fallback"], 30, 0.2)
         for _ in range(8):
             f.write(data)
         f.flush()

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from conftest import MakeMount
-from mount_util import FUSETHROTTLE, Daemon
+from mount_util import Daemon, status_json
 
 pytestmark = pytest.mark.mount
 
@@ -471,14 +471,7 @@ def test_over_a_target_without_xattrs_small_writes_cost_no_round_trips(
         with pytest.raises(OSError) as err:
             call()
         assert err.value.errno == errno.EOPNOTSUPP
-    answer = subprocess.run(
-        [FUSETHROTTLE, "status", str(ft.mountpoint), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    ops = json.loads(answer.stdout)["operations"]
+    ops = status_json(ft.mountpoint)["operations"]
     assert ops.get("getxattr", 0) <= 1  # asked once, told ENOSYS, never again
     assert ops["write"] < 64  # 512 write() calls, coalesced by the kernel's cache
     assert (target.mountpoint / "stream.tar").read_bytes() == block * 512
