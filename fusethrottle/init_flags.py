@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 FUSE_HANDLE_KILLPRIV_V2 = 1 << 28
 _OUT_HEADER = 16  # struct fuse_out_header: len, error, unique
 _FLAGS_AT = 12  # struct fuse_init_out: major, minor, max_readahead, flags
+_INIT_OUT_SIZES = (24, 64)  # struct fuse_init_out before protocol 7.23, and since
+_FUSE_MAJOR = 7
 _PROT_READ, _PROT_WRITE = 1, 2
 _SHT_RELA = 4
 
@@ -86,6 +88,15 @@ def _plt_slot(path: str, symbol: bytes) -> int | None:
     return None
 
 
+def _is_init_reply(header: _Iovec, body: _Iovec) -> bool:
+    """A successful INIT reply of protocol 7: nothing else may be changed by the hook."""
+    if header.len != _OUT_HEADER or body.len not in _INIT_OUT_SIZES:
+        return False
+    length, error = struct.unpack("<Ii", ctypes.string_at(header.base, 8))
+    major = ctypes.c_uint32.from_address(body.base).value
+    return error == 0 and length == _OUT_HEADER + body.len and major == _FUSE_MAJOR
+
+
 class KillprivV2:
     """Arms once, at init: the next writev libfuse makes (its INIT reply) gains the flag."""
 
@@ -130,10 +141,8 @@ class KillprivV2:
         except OSError:
             log.warning("libfuse's writev could not be put back; it stays routed through here")
         vectors = (_Iovec * count).from_address(iov)
-        if count >= 2 and vectors[0].len == _OUT_HEADER and vectors[1].len >= _FLAGS_AT + 4:
-            error = ctypes.c_int32.from_address(vectors[0].base + 4).value
-            if error == 0:
-                flags = ctypes.c_uint32.from_address(vectors[1].base + _FLAGS_AT)
-                flags.value |= FUSE_HANDLE_KILLPRIV_V2
-                self.asked = True
+        if count == 2 and _is_init_reply(vectors[0], vectors[1]):
+            flags = ctypes.c_uint32.from_address(vectors[1].base + _FLAGS_AT)
+            flags.value |= FUSE_HANDLE_KILLPRIV_V2
+            self.asked = True
         return _WRITEV(self._real)(fd, iov, count)

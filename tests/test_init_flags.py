@@ -73,3 +73,23 @@ def test_an_error_reply_passes_unchanged() -> None:
     assert sent == header + bytes(64)
     assert not hook.asked
     assert _slot_value() == _libc_writev()
+
+
+def test_a_reply_that_is_not_init_passes_unchanged() -> None:
+    """Should INIT ever not come through writev, the next reply (say, 64 bytes of file data)
+    must reach the kernel as libfuse wrote it."""
+    hook = init_flags.KillprivV2()
+    assert hook.arm()
+    data = bytes(range(64))
+    header = struct.pack("<IiQ", 16 + len(data), 0, 40)
+    iov, _keep = _vectors(header, data)
+    read_end, write_end = os.pipe()
+    try:
+        hook._writev(write_end, ctypes.addressof(iov), 2)
+        sent = os.read(read_end, 4096)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert sent == header + data
+    assert not hook.asked
+    assert _slot_value() == _libc_writev()
