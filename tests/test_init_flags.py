@@ -33,6 +33,19 @@ def _vectors(
     return iov, buffers
 
 
+def _send(hook: init_flags.KillprivV2, *parts: bytes) -> bytes:
+    """What the kernel would read: *parts* written through the hook into a pipe."""
+    iov, _keep = _vectors(*parts)
+    read_end, write_end = os.pipe()
+    try:
+        written = hook._writev(write_end, ctypes.addressof(iov), len(parts))
+        assert written == sum(len(part) for part in parts)
+        return os.read(read_end, 4096)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
 def test_libfuses_writev_slot_is_found_and_holds_libcs_writev() -> None:
     assert _slot_value() == _libc_writev()
 
@@ -43,15 +56,7 @@ def test_the_first_reply_after_arming_gains_the_flag_and_the_slot_is_put_back() 
     assert _slot_value() != _libc_writev()
     init_out = struct.pack("<IIII", 7, 38, 131072, 0x1) + bytes(48)
     header = struct.pack("<IiQ", 16 + len(init_out), 0, 2)
-    iov, _keep = _vectors(header, init_out)
-    read_end, write_end = os.pipe()
-    try:
-        written = hook._writev(write_end, ctypes.addressof(iov), 2)
-        assert written == len(header) + len(init_out)
-        sent = os.read(read_end, 4096)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
+    sent = _send(hook, header, init_out)
     assert _slot_value() == _libc_writev()
     flags = struct.unpack_from("<I", sent, 16 + 12)[0]
     assert flags == 0x1 | init_flags.FUSE_HANDLE_KILLPRIV_V2
@@ -62,14 +67,7 @@ def test_an_error_reply_passes_unchanged() -> None:
     hook = init_flags.KillprivV2()
     assert hook.arm()
     header = struct.pack("<IiQ", 16, -22, 2)
-    iov, _keep = _vectors(header, bytes(64))
-    read_end, write_end = os.pipe()
-    try:
-        hook._writev(write_end, ctypes.addressof(iov), 2)
-        sent = os.read(read_end, 4096)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
+    sent = _send(hook, header, bytes(64))
     assert sent == header + bytes(64)
     assert not hook.asked
     assert _slot_value() == _libc_writev()
@@ -82,14 +80,7 @@ def test_a_reply_that_is_not_init_passes_unchanged() -> None:
     assert hook.arm()
     data = bytes(range(64))
     header = struct.pack("<IiQ", 16 + len(data), 0, 40)
-    iov, _keep = _vectors(header, data)
-    read_end, write_end = os.pipe()
-    try:
-        hook._writev(write_end, ctypes.addressof(iov), 2)
-        sent = os.read(read_end, 4096)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
+    sent = _send(hook, header, data)
     assert sent == header + data
     assert not hook.asked
     assert _slot_value() == _libc_writev()
