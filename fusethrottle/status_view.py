@@ -177,6 +177,8 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
         f"{s['open_handles']} open handles; "
         f"metrics {'http://' + m['metrics'] + '/metrics' if m['metrics'] else 'off'}"
     )
+    if s.get("capability_question"):
+        lines.append(f"               security.capability asked {s['capability_question']}")
     return "\n".join(lines)
 
 

@@ -471,8 +471,10 @@ def test_over_a_target_without_xattrs_small_writes_cost_no_round_trips(
         with pytest.raises(OSError) as err:
             call()
         assert err.value.errno == errno.EOPNOTSUPP
-    ops = status_json(ft.mountpoint)["operations"]
+    status = status_json(ft.mountpoint)
+    ops = status["operations"]
     assert ops.get("getxattr", 0) <= 1  # asked once, told ENOSYS, never again
+    assert status["capability_question"] == "never (xattrs not served)"
     assert ops["write"] < 64  # 512 write() calls, coalesced by the kernel's cache
     assert (target.mountpoint / "stream.tar").read_bytes() == block * 512
 

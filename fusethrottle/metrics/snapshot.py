@@ -157,6 +157,7 @@ class Snapshot:
     open_handles: int
     inodes_bound: int = 0
     names_dropped: int = 0
+    capability_question: str = ""  # how often the kernel asks security.capability (init_flags)
     memory_cgroup: str = ""  # the daemon's own memory cgroup, or why it stayed where it was
     memory_cgroup_own: bool = False
     memory_cgroup_usage_bytes: int | None = None
@@ -237,6 +238,15 @@ def _memory_facts(mount: Mount) -> dict[str, Any]:
     return out
 
 
+def _capability_question(ops: Any) -> str:
+    """How often the kernel asks security.capability before a write: the cost of small writes."""
+    if not ops.offer_xattrs:
+        return "never (xattrs not served)"
+    if ops.killpriv_v2 is not None and ops.killpriv_v2.asked:
+        return "once per file (FUSE_HANDLE_KILLPRIV_V2)"
+    return "before every write()"
+
+
 def take_snapshot(
     mount: Mount,
     recorder: Recorder,
@@ -300,6 +310,7 @@ def take_snapshot(
         open_handles=mount.ops.open_handles(),
         inodes_bound=mount.kernel_entries.bounds.high if mount.kernel_entries else 0,
         names_dropped=mount.kernel_entries.asked_total if mount.kernel_entries else 0,
+        capability_question=_capability_question(mount.ops),
         fleet=mount.fleet.statistics(now) if mount.fleet is not None else None,
         **_memory_facts(mount),
     )
