@@ -200,6 +200,7 @@ DOCUMENTED_ANSWER: dict[str, Any] = {
     "inodes": 212,
     "inodes_bound": 15000,
     "names_dropped": 0,
+    "capability_question": "once per file (FUSE_HANDLE_KILLPRIV_V2)",
     "open_handles": 2,
     "device": "0:52",
 }
