@@ -439,3 +439,71 @@ def test_each_injected_sync_writes_back_and_drops_what_was_written_since_the_las
         assert target.plans[-1].written == (2 * MiB, 5 * MiB)
 
     run_mock(main)
+
+
+def test_many_writers_get_equal_shares_paced_or_queued(table) -> None:
+    """Sixty-four backups through one mount: each is admitted in turn. A writer that arrives
+    while others wait (for room, or for their pacing slot) goes behind them, so no writer
+    takes a run of admissions while the rest sleep (issue 13's "no writer starves")."""
+    inodes, nodes = table
+    writers = 32
+
+    async def main() -> None:
+        ledger, gate, flusher, target, controller = make(inodes, 64 * MiB, 64 * MiB)
+        target.rate = 20 * MiB
+        gate.commit_rate = lambda: 20 * MiB if controller.samples else None
+        written = [0] * writers
+
+        async def writer(i: int) -> None:
+            while True:
+                await write(ledger, gate, flusher, nodes[i], MiB)
+                written[i] += MiB
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(flusher.run)
+            for i in range(writers):
+                nursery.start_soon(writer, i)
+            await trio.sleep(10.0)  # warm up: the commit rate is measured, pacing runs
+            start = list(written)
+            await trio.sleep(60.0)
+            shares = [now - then for now, then in zip(written, start, strict=True)]
+            nursery.cancel_scope.cancel()
+        mean = sum(shares) / writers
+        assert gate.paced_total > 0  # the pacing clock ran
+        assert max(shares) <= 1.25 * mean, f"fastest writer {max(shares) / mean:.2f}x the mean"
+        assert min(shares) >= mean / 1.25, f"slowest writer 1/{mean / min(shares):.2f} of it"
+        assert sum(shares) > 0.8 * 60 * 20 * MiB  # and the target stays busy
+
+    run_mock(main)
+
+
+def test_a_writer_that_gives_up_first_in_line_hands_its_turn_on() -> None:
+    """A writer killed while it waits (its request interrupted) leaves the line and reserves
+    nothing; the one behind it is admitted as soon as there is room."""
+
+    async def main() -> None:
+        ledger = Ledger()
+        gate = WindowGate(ledger, lambda: MiB, timeout=60.0)
+        budget = WriteBudget(ledger, gate, batch=MiB)
+        ledger.reserve(MiB)
+        ledger.written(7, MiB, MiB, trio.current_time())  # the window is full
+        admitted_at: list[float] = []
+
+        async def second() -> None:
+            await gate.admit(4096)
+            admitted_at.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            with trio.move_on_after(1.0):  # the first writer gives up after a second
+                async with trio.open_nursery() as first:
+                    first.start_soon(gate.admit, MiB)
+                    await trio.sleep(0.1)
+                    nursery.start_soon(second)
+                    await trio.sleep(10.0)
+            assert gate.waiting == 1 and admitted_at == []
+            await trio.sleep(1.0)
+            budget.discard(7)
+        assert admitted_at == [pytest.approx(2.0)]
+        assert ledger.unsynced == 4096 and gate.waiting == 0
+
+    run_mock(main)
