@@ -126,3 +126,17 @@ def keep_request_buffers_in_the_heap(largest: int) -> None:
     mallopt.restype = ctypes.c_int
     mallopt(_M_MMAP_THRESHOLD, largest)
     mallopt(_M_TRIM_THRESHOLD, 4 * largest)
+
+
+def release_free_heap() -> None:
+    """Give the free memory of every malloc arena back to the system (malloc_trim(3)).
+
+    The request buffers kept by :func:`keep_request_buffers_in_the_heap` are worth keeping
+    while requests arrive, not while the mount is idle. Best effort, like that call.
+    """
+    trim = getattr(_libc, "malloc_trim", None)
+    if trim is None:
+        return
+    trim.argtypes = (ctypes.c_size_t,)
+    trim.restype = ctypes.c_int
+    trim(0)

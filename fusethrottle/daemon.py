@@ -57,6 +57,8 @@ EXTRA_TASK_START_TIMEOUT = 10.0
 STARTUP_WINDOW = 16 << 20
 #: Largest request buffer (a 1 MiB FUSE write) and then some: see _libc.keep_request_buffers...
 REQUEST_BUFFER_MAX = 4 << 20
+#: A mount that answered no request for this long gives its kept request buffers back.
+HEAP_TRIM_IDLE = 2.0
 #: Longer than the kernel's longest dirty-throttling pause (200 ms): see _write_back_kernel_cache.
 CACHE_QUIET_PAUSE = 0.3
 
@@ -306,6 +308,7 @@ class Daemon:
                 nursery.start_soon(self._signals)
                 nursery.start_soon(self._announce_ready, config.mountpoint)
                 nursery.start_soon(self._watch_unmount)
+                nursery.start_soon(self._trim_heap_when_idle)
                 if sdnotify.watchdog_interval():
                     nursery.start_soon(sdnotify.watchdog_task)
                 for extra in self.extra_tasks:
@@ -329,6 +332,19 @@ class Daemon:
                 log.exception("cleaning up the FUSE session failed")
             self.mount.inodes.close_all()
         return self.exit_code
+
+    async def _trim_heap_when_idle(self) -> None:
+        """Once per quiet spell, return the heap kept for request buffers: a mount idle
+        between nightly backups holds what it uses, not what its busiest minute needed."""
+        ops = self.mount.ops
+        seen = trimmed = ops.requests_total
+        while True:
+            await trio.sleep(HEAP_TRIM_IDLE)
+            now = ops.requests_total
+            if now == seen and now != trimmed:
+                _libc.release_free_heap()
+                trimmed = now
+            seen = now
 
     async def _announce_ready(self, mountpoint: str) -> None:
         """Ready means the mount answers: a stat through it came back."""

@@ -112,6 +112,7 @@ def _replies(fn: F) -> F:
 
     @functools.wraps(fn)
     async def handler(self: Operations, *args: Any) -> Any:
+        self.requests_total += 1
         self.events.operation(op)
         try:
             if charged is not None and self.ceilings is not None:
@@ -190,6 +191,7 @@ class Operations(pyfuse3.Operations):
         self.events = events or NullEvents()
         self.callers = callers or Callers(switching=False)
         self.closing = False
+        self.requests_total = 0  # requests answered or in progress (the daemon's idle check)
         # Directory attributes stat'ed right after our own change to the directory, by
         # (st_dev, st_ino), with when they stop being fresh (see getattr).
         # (dev, ino) -> (stat, answers until (trio clock), taken at (time.monotonic))
