@@ -92,6 +92,10 @@ class WindowGate:
 
     @property
     def waiting(self) -> int:
+        """Writes waiting for room in the window; none while the line only waits for its
+        pacing turn (the flusher reads this as "writers need a sync now")."""
+        if not self._queue or self._fits(self._queue[0].nbytes):
+            return 0
         return len(self._queue)
 
     def _fits(self, nbytes: int) -> bool:

@@ -507,3 +507,32 @@ def test_a_writer_that_gives_up_first_in_line_hands_its_turn_on() -> None:
         assert ledger.unsynced == 4096 and gate.waiting == 0
 
     run_mock(main)
+
+
+def test_a_write_waiting_only_for_its_pacing_turn_does_not_count_as_blocked() -> None:
+    """The flusher syncs the largest file at once when writers are blocked; a write that only
+    waits its pacing turn (room is there) must not trigger that, or syncs shrink to whatever is
+    dirty at the moment and the measured commit rate with them."""
+
+    async def main() -> None:
+        ledger = Ledger()
+        gate = WindowGate(ledger, lambda: 64 * MiB, timeout=60.0, commit_rate=lambda: 20 * MiB)
+        ledger.reserve(40 * MiB)
+        ledger.written(7, 40 * MiB, 40 * MiB, trio.current_time())  # above half the window
+        seen: list[int] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(gate.admit, MiB)  # admitted at once, starts the pacing clock
+            nursery.start_soon(gate.admit, MiB)  # waits its turn
+            await trio.sleep(0.01)
+            seen.append(gate.waiting)
+        assert seen == [0] and gate.paced_total == 1 and gate.throttled_total == 0
+        ledger.reserve(22 * MiB)  # now the window is full
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(gate.admit, 4 * MiB)
+            await trio.sleep(0.01)
+            seen.append(gate.waiting)
+            ledger.unreserve(22 * MiB)
+            gate.wake()
+        assert seen == [0, 1] and gate.throttled_total == 1
+
+    run_mock(main)
