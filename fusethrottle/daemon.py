@@ -57,8 +57,8 @@ EXTRA_TASK_START_TIMEOUT = 10.0
 STARTUP_WINDOW = 16 << 20
 #: Largest request buffer (a 1 MiB FUSE write) and then some: see _libc.keep_request_buffers...
 REQUEST_BUFFER_MAX = 4 << 20
-#: A mount that answered no request for this long gives its kept request buffers back.
-HEAP_TRIM_IDLE = 2.0
+#: A mount that received no request for this long gives its kept request buffers back.
+HEAP_TRIM_IDLE = 1.0
 #: Longer than the kernel's longest dirty-throttling pause (200 ms): see _write_back_kernel_cache.
 CACHE_QUIET_PAUSE = 0.3
 
@@ -338,13 +338,15 @@ class Daemon:
         between nightly backups holds what it uses, not what its busiest minute needed."""
         ops = self.mount.ops
         seen = trimmed = ops.requests_total
+        last_request = trio.current_time()
         while True:
-            await trio.sleep(HEAP_TRIM_IDLE)
-            now = ops.requests_total
-            if now == seen and now != trimmed:
+            await trio.sleep(HEAP_TRIM_IDLE / 4)
+            now = trio.current_time()
+            if ops.requests_total != seen:
+                seen, last_request = ops.requests_total, now
+            elif now - last_request >= HEAP_TRIM_IDLE and seen != trimmed:
                 _libc.release_free_heap()
-                trimmed = now
-            seen = now
+                trimmed = seen
 
     async def _announce_ready(self, mountpoint: str) -> None:
         """Ready means the mount answers: a stat through it came back."""
