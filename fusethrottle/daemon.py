@@ -57,8 +57,10 @@ EXTRA_TASK_START_TIMEOUT = 10.0
 STARTUP_WINDOW = 16 << 20
 #: Largest request buffer (a 1 MiB FUSE write) and then some: see _libc.keep_request_buffers...
 REQUEST_BUFFER_MAX = 4 << 20
-#: A mount that received no request for this long gives its kept request buffers back.
-HEAP_TRIM_IDLE = 1.0
+#: A mount that received no request for this long gives its kept request buffers back. Short:
+#: the pauses between backups can be a second (the soak's), and a trim costs a few ms of heap
+#: walk plus page faults as the next burst takes its buffers again.
+HEAP_TRIM_IDLE = 0.5
 #: Longer than the kernel's longest dirty-throttling pause (200 ms): see _write_back_kernel_cache.
 CACHE_QUIET_PAUSE = 0.3
 
