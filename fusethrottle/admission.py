@@ -63,7 +63,7 @@ class WindowGate:
     waits for room or for the pacing clock, and a write that arrives while anyone waits goes
     behind them. (Pacing used to book each arrival a slot on the clock: slots booked while
     the pace was slow outlived it, and writers arriving after the window drained went ahead
-    of those still asleep. With 64 writers one took five times the mean share.)
+    of those still asleep. With 64 writers one took six times the mean share.)
     """
 
     def __init__(
