@@ -60,6 +60,8 @@ class Repeat:
     dirty_wb_max_mib: float = 0.0
     exit_code: object = None
     started: list[float] = field(default_factory=list)  # each writer's first write, from the first
+    #: Every half-second sample: what the controller saw against what the target really did.
+    series: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def mean(self) -> float:
@@ -147,6 +149,7 @@ def run_once(
     stop_sampling = threading.Event()
 
     recent_windows: collections.deque[tuple[float, float]] = collections.deque()
+    began = time.monotonic()
 
     def sample() -> None:
         while not stop_sampling.wait(0.5):
@@ -167,7 +170,24 @@ def run_once(
                 recent_windows.popleft()
             if unsynced > max(w for _, w in recent_windows):
                 rep.over_window_samples += 1
-            rep.dirty_wb_max_mib = max(rep.dirty_wb_max_mib, dirty_and_writeback_mib())
+            dwb = dirty_and_writeback_mib()
+            rep.dirty_wb_max_mib = max(rep.dirty_wb_max_mib, dwb)
+            rep.series.append(
+                {
+                    "t": round(now - began, 2),
+                    "window_mib": round(window / MiB, 2),
+                    "target_window_mib": round(
+                        m.get("fusethrottle_controller_target_window_bytes", 0.0) / MiB, 2
+                    ),
+                    "commit_mib_s": round(
+                        m.get("fusethrottle_controller_commit_bytes_per_second", 0.0) / MiB, 2
+                    ),
+                    "unsynced_mib": round(unsynced / MiB, 2),
+                    "synced_mib": round(m.get("fusethrottle_synced_bytes_total", 0.0) / MiB, 2),
+                    "fsyncs": m.get("fusethrottle_fsync_duration_seconds_count", 0.0),
+                    "dirty_writeback_mib": round(dwb, 1),
+                }
+            )
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -231,7 +251,7 @@ def summarize(repeats: list[Repeat], rate: int, options: str) -> dict[str, objec
         "worst": worst,
         "repeats": [
             {
-                **asdict(r),
+                **{k: v for k, v in asdict(r).items() if k != "series"},
                 "mean_mib_s": r.mean / MiB,
                 "spread": r.spread,
                 "jain": r.jain,
@@ -239,6 +259,14 @@ def summarize(repeats: list[Repeat], rate: int, options: str) -> dict[str, objec
             for r in repeats
         ],
     }
+
+
+def write_series(out: Path, repeats: list[Repeat]) -> None:
+    """One line per sample and repeat: the window against what the target committed."""
+    with (out / "series.jsonl").open("w") as f:
+        for index, r in enumerate(repeats):
+            for point in r.series:
+                f.write(json.dumps({"repeat": index + 1, **point}) + "\n")
 
 
 def markdown(summary: dict[str, object], writers: int, seconds: float, repeats: int) -> str:
@@ -328,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(repeats, rate, args.options)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    write_series(out, repeats)
     (out / "summary.md").write_text(markdown(summary, args.writers, args.seconds, args.repeats))
     print((out / "summary.md").read_text())
     return 0

@@ -44,6 +44,13 @@ Rules, in order:
    (``fair_step``, default ``minimum / 4``, at most W*/8): the additive half of AIMD. On a FIFO
    server a host's share follows its window, so W* is proportional to the window and without a
    fixed step nothing pulls unequal windows together. It costs a bias of at most +12.5% over W*.
+6. The window never grows past 1.25x the bytes the target delivered in the last ``drain_s`` of
+   delivery time (pro-rated, whatever the samples say one by one). Fsyncs of many files on one
+   target are entangled: while the kernel writes files back on its own, each fsync waits
+   behind it and looks slow; then thirty fsyncs in a row find nothing left to write and look a
+   hundred times faster. With 64 files on ext4 the per-sample view opened the window from 20 to
+   700 MiB in half a second (bench.many_writers, series.jsonl). Growth after a real speed-up
+   waits until the faster target has carried one drain time of data.
 
 Limits: the target's base latency counts toward the drain time, so a target whose fsync round
 trip approaches ``drain_s`` gets ``window_min``; and a slowdown is only seen when an fsync
@@ -68,6 +75,10 @@ _ROUNDING = 1e-3  # relative; see AdaptiveController.on_sample
 
 #: Default target drain time of the window, seconds.
 DEFAULT_DRAIN_S = 2.5
+
+#: How far past the bytes delivered in the last ``drain_s`` the window may grow (rule 6): room
+#: for rule 5's step (at most +12.5%) and for a target that is getting faster.
+CEILING_HEADROOM = 1.25
 
 #: Errors that mean "the target is in trouble", not "this request was wrong".
 HARD_ERRNOS = frozenset({errno_mod.EIO, errno_mod.ETIMEDOUT})
@@ -119,8 +130,12 @@ class _CostMeter:
     steered by: it tells an operator how far the target is from its best.
     """
 
-    def __init__(self, samples: int, memory_s: float) -> None:
+    def __init__(self, samples: int, memory_s: float, horizon_s: float = 0.0) -> None:
         self._recent: deque[tuple[float, float]] = deque(maxlen=samples)  # (seconds, MiB)
+        #: Every sample of the last *horizon_s* seconds of delivery time, for ``delivered``.
+        self._history: deque[tuple[float, float]] = deque()
+        self._history_spent = 0.0
+        self._horizon_s = horizon_s
         self._memory_s = memory_s
         self._last_done: float | None = None
         self._base_time = 0.0
@@ -136,11 +151,29 @@ class _CostMeter:
         """Bytes/s over the recent samples; None until one was recorded."""
         return None if self.recent is None else MiB / self.recent
 
-    def keep_newest(self, count: int) -> None:
-        """Forget all but the newest *count* samples: they describe a target that is gone."""
+    def keep_newest(self, count: int, *, history: bool) -> None:
+        """Forget all but the newest *count* samples: they describe a target that is gone.
+        With *history*, ``delivered`` forgets them too (a stall that is over); without, only
+        the recent cost does (a speed-up: two samples may be flukes, the history is not)."""
         while len(self._recent) > max(count, 1):
             self._recent.popleft()
+        while history and len(self._history) > max(count, 1):
+            self._history_spent -= self._history.popleft()[0]
         self._update_recent()
+
+    def delivered(self) -> float | None:
+        """MiB committed in the last *horizon_s* seconds of delivery time (the oldest sample
+        pro-rated); None until the samples cover that long."""
+        if self._horizon_s <= 0:
+            return None
+        spent_total = mib_total = 0.0
+        for spent, mib in reversed(self._history):
+            take = min(spent, self._horizon_s - spent_total)
+            spent_total += take
+            mib_total += mib * take / spent if spent > 0 else mib
+            if spent_total >= self._horizon_s:
+                return mib_total
+        return None
 
     def upturn(self, count: int, factor: float, min_mib: float) -> bool:
         """Did the newest *count* samples (at least *min_mib* between them) commit more than
@@ -173,6 +206,12 @@ class _CostMeter:
             return None
         spent, mib = now - started, nbytes / MiB
         self._recent.append((spent, mib))
+        self._history.append((spent, mib))
+        self._history_spent += spent
+        while len(self._history) > 1 and (
+            self._history_spent - self._history[0][0] >= self._horizon_s
+        ):
+            self._history_spent -= self._history.popleft()[0]
         self._update_recent()
         if self.full:
             aged = math.inf
@@ -263,7 +302,7 @@ class AdaptiveController:
         self.drain_s = float(drain_s)
         self.fair_step = float(minimum / 4 if fair_step is None else fair_step)
         self._window = self._clamp(float(initial))
-        self._costs = _CostMeter(short_samples, memory_s)
+        self._costs = _CostMeter(short_samples, memory_s, horizon_s=self.drain_s)
         self.short_samples = int(short_samples)
         self._samples = 0
         self._holds = 0
@@ -291,9 +330,10 @@ class AdaptiveController:
                 # An fsync that started after the cut came back in time. What led to the cut
                 # (a stall, a failing target) is over: steer by what came since.
                 self._hold_since = None
-                self._costs.keep_newest(self._since_cut)
+                self._costs.keep_newest(self._since_cut, history=True)
         elif self._costs.upturn(2, self.tolerance, self._window / 4 / MiB):
-            self._costs.keep_newest(2)  # clearly faster now: do not wait for the mean to agree
+            # Clearly faster now: do not wait for the mean to agree (rule 6 still bounds growth).
+            self._costs.keep_newest(2, history=False)
         mean = self._costs.recent
         if latest is None or mean is None:
             return self.window
@@ -311,14 +351,19 @@ class AdaptiveController:
             w = max(fit_fast, w / 2)
         else:
             goal, smoothing = w, self.smoothing
+            # Rule 6: never grow far past what the target delivered in the last drain_s.
+            delivered = self._costs.delivered()
+            ceiling = math.inf if delivered is None else delivered * MiB * CEILING_HEADROOM
+            may_grow = may_grow and w < ceiling
             if w > fit_fast * slack:
                 goal = fit_fast
             elif may_grow and fit_slow > w:
-                goal = min(fit_slow, 2 * w)
+                goal = max(w, min(fit_slow, 2 * w, ceiling))
                 if fit_slow >= 2 * w:  # far below what the target takes: catch up faster
                     smoothing = max(smoothing, 0.5)
-            step = min(self.fair_step, fit_fast / 8) if may_grow else 0.0
-            w += smoothing * (goal - w + step)
+            step = min(self.fair_step, fit_fast / 8, ceiling - w) if may_grow else 0.0
+            grown = w + smoothing * (goal - w + step)
+            w = min(grown, max(ceiling, w)) if grown > w else grown
         self._window = self._clamp(w)
         return self.window
 

@@ -162,6 +162,25 @@ def test_one_fast_sample_is_not_a_speed_up() -> None:
     assert controller.commit_rate is not None and controller.commit_rate < 20 * MiB
 
 
+def test_a_burst_of_fsyncs_the_kernel_already_wrote_back_does_not_open_the_window() -> None:
+    """Measured with 64 files on an ext4 target (bench.many_writers): while the kernel writes
+    the files back on its own, each fsync waits behind it and looks slow; once it is done, the
+    next thirty fsyncs find nothing left to write and look a hundred times faster. On the
+    samples alone the window jumped from 20 MiB to 700 MiB in half a second, and the gate let
+    it all in. What the target delivered in the last drain time bounds the growth."""
+    controller = adaptive()
+    feed = Feed(controller)
+    feed.run(40, rate=20 * MiB)
+    for _ in range(20):  # the kernel's writeback holds the device: 1 MiB per 0.5 s
+        feed.fsync(1 * MiB, rate=2 * MiB, in_flight=controller.window)
+    delivered = 3.0 * 2 * MiB  # what the last 3 s (drain_s) of samples carried
+    for _ in range(30):  # then nothing is left to write: 2 MiB in 10 ms, thirty times
+        delivered += 2 * MiB - 0.01 * 2 * MiB
+        window = feed.fsync(2 * MiB, rate=200 * MiB, in_flight=controller.window)
+        assert window <= max(1.25 * delivered, 16 * MiB + 1)
+    assert window <= 100 * MiB
+
+
 @pytest.mark.parametrize("err", [errno.EIO, errno.ETIMEDOUT])
 def test_io_errors_and_timeouts_halve_the_window(err: int) -> None:
     controller = adaptive(initial=256 * MiB)
