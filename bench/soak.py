@@ -93,6 +93,18 @@ def remove_cycle(index: int, mnt: Path) -> None:
     shutil.rmtree(mnt / f"c{index}-rsync", ignore_errors=True)
 
 
+#: A worker thread idle this long ends (fusethrottle.workers.WorkerPool's default), and a heap
+#: quiet for half a second is trimmed; a sample taken after this much quiet shows what the
+#: daemon keeps, not what the last ten seconds of concurrency happened to start.
+REST_SECONDS = 10.0 + 2.0
+
+
+def rest_sample(pid: int) -> dict[str, float]:
+    """The daemon's numbers after REST_SECONDS without requests."""
+    time.sleep(REST_SECONDS)
+    return proc_numbers(pid)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -115,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path("/var/tmp") / f"fusethrottle-soak-{os.getpid()}"
     scratch = Path("/dev/shm") / f"fusethrottle-soak-{os.getpid()}"
     cycles: list[dict[str, object]] = []
+    rest: dict[str, dict[str, float]] = {}
     stop_rates = threading.Event()
     code: object = None
     try:
@@ -155,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
             cycle["index"] = index
             cycles.append(cycle)
             log.info("cycle %d: %s", index, cycle)
+            if index == 0:
+                rest["after_first"] = rest_sample(mnt.pid)
             index += 1
+        rest["at_end"] = rest_sample(mnt.pid)
+        log.info("at rest: %s", rest)
         stop_rates.set()
         rates.join()
         throttle.apply(20 * MiB)
@@ -181,6 +198,13 @@ def main(argv: list[str] | None = None) -> int:
         "growth": {k: round(growth(k), 3) for k in ("rss_mib", "fds", "threads")},
         "cycle_seconds": [c["seconds"] for c in cycles],
         "series": {k: [c[k] for c in cycles] for k in ("rss_mib", "fds", "threads")},
+    }
+    summary["at_rest"] = {
+        **rest,
+        "growth": {
+            k: round(rest["at_end"][k] / rest["after_first"][k] - 1.0, 3)
+            for k in ("rss_mib", "fds", "threads")
+        },
     }
     # The pools start threads on demand, so the first cycles also show warm-up: the level
     # after a tenth of the run says whether anything grows once warm.
@@ -214,6 +238,25 @@ def main(argv: list[str] | None = None) -> int:
                         ("threads", "threads"),
                     )
                 ),
+                "",
+                f"At rest ({REST_SECONDS:g} s without requests, after the first cycle and after "
+                "the last: idle worker threads have ended, the heap is trimmed):",
+                "",
+                "| what | after the first cycle | at the end | growth | goal |",
+                "|---|---|---|---|---|",
+                *(
+                    f"| {label} | {rest['after_first'][k]:.4g} | {rest['at_end'][k]:.4g} | "
+                    f"{rest['at_end'][k] / rest['after_first'][k] - 1.0:+.1%} | within 10% |"
+                    for label, k in (
+                        ("daemon RSS (MiB)", "rss_mib"),
+                        ("descriptors", "fds"),
+                        ("threads", "threads"),
+                    )
+                ),
+                "",
+                "The table above samples right after each cycle's backups, while worker threads "
+                "started in the last 10 s are still there: its thread row follows the phase of "
+                "the cycle.",
                 "",
                 f"Every backup exited 0: {summary['all_exit_0']}. Every output of every cycle "
                 f"verified on the target (tar -d, diff -r, sha256): {summary['all_verified']}. "
