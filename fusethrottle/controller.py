@@ -135,6 +135,7 @@ class _CostMeter:
         #: Every sample of the last *horizon_s* seconds of delivery time, for ``delivered``.
         self._history: deque[tuple[float, float]] = deque()
         self._history_spent = 0.0
+        self._history_mib = 0.0
         self._horizon_s = horizon_s
         self._memory_s = memory_s
         self._last_done: float | None = None
@@ -158,22 +159,35 @@ class _CostMeter:
         while len(self._recent) > max(count, 1):
             self._recent.popleft()
         while history and len(self._history) > max(count, 1):
-            self._history_spent -= self._history.popleft()[0]
+            old_spent, old_mib = self._history.popleft()
+            self._history_spent -= old_spent
+            self._history_mib -= old_mib
         self._update_recent()
 
     def delivered(self) -> float | None:
         """MiB committed in the last *horizon_s* seconds of delivery time (the oldest sample
-        pro-rated); None until the samples cover that long."""
-        if self._horizon_s <= 0:
+        pro-rated); None until the samples cover that long. O(1): called once per fsync, and
+        a tree of small files brings thousands of them a second."""
+        if self._horizon_s <= 0 or self._history_spent < self._horizon_s:
             return None
-        spent_total = mib_total = 0.0
-        for spent, mib in reversed(self._history):
-            take = min(spent, self._horizon_s - spent_total)
-            spent_total += take
-            mib_total += mib * take / spent if spent > 0 else mib
-            if spent_total >= self._horizon_s:
-                return mib_total
-        return None
+        oldest_spent, oldest_mib = self._history[0]
+        newer_spent = self._history_spent - oldest_spent  # < horizon: see _remember
+        share = (self._horizon_s - newer_spent) / oldest_spent if oldest_spent > 0 else 1.0
+        return self._history_mib - oldest_mib + oldest_mib * min(max(share, 0.0), 1.0)
+
+    def _remember(self, spent: float, mib: float) -> None:
+        """Keep just enough samples to cover *horizon_s* of delivery time."""
+        self._history.append((spent, mib))
+        self._history_spent += spent
+        self._history_mib += mib
+        while len(self._history) > 1 and (
+            self._history_spent - self._history[0][0] >= self._horizon_s
+        ):
+            old_spent, old_mib = self._history.popleft()
+            self._history_spent -= old_spent
+            self._history_mib -= old_mib
+        if len(self._history) == 1:  # start the sums afresh: no float drift over a long run
+            self._history_spent, self._history_mib = self._history[0]
 
     def upturn(self, count: int, factor: float, min_mib: float) -> bool:
         """Did the newest *count* samples (at least *min_mib* between them) commit more than
@@ -206,12 +220,7 @@ class _CostMeter:
             return None
         spent, mib = now - started, nbytes / MiB
         self._recent.append((spent, mib))
-        self._history.append((spent, mib))
-        self._history_spent += spent
-        while len(self._history) > 1 and (
-            self._history_spent - self._history[0][0] >= self._horizon_s
-        ):
-            self._history_spent -= self._history.popleft()[0]
+        self._remember(spent, mib)
         self._update_recent()
         if self.full:
             aged = math.inf
