@@ -179,9 +179,6 @@ def run_once(
                     "target_window_mib": round(
                         m.get("fusethrottle_controller_target_window_bytes", 0.0) / MiB, 2
                     ),
-                    "commit_mib_s": round(
-                        m.get("fusethrottle_controller_commit_bytes_per_second", 0.0) / MiB, 2
-                    ),
                     "unsynced_mib": round(unsynced / MiB, 2),
                     "synced_mib": round(m.get("fusethrottle_synced_bytes_total", 0.0) / MiB, 2),
                     "fsyncs": m.get("fusethrottle_fsync_duration_seconds_count", 0.0),
