@@ -367,12 +367,12 @@ class AdaptiveController:
             if w > fit_fast * slack:
                 goal = fit_fast
             elif may_grow and fit_slow > w:
-                goal = max(w, min(fit_slow, 2 * w, ceiling))
+                goal = min(fit_slow, 2 * w, ceiling)  # above w: may_grow says w < ceiling
                 if fit_slow >= 2 * w:  # far below what the target takes: catch up faster
                     smoothing = max(smoothing, 0.5)
-            step = min(self.fair_step, fit_fast / 8, ceiling - w) if may_grow else 0.0
-            grown = w + smoothing * (goal - w + step)
-            w = min(grown, max(ceiling, w)) if grown > w else grown
+            step = min(self.fair_step, fit_fast / 8) if may_grow else 0.0
+            # Growth (goal and step together) stops at the ceiling; a cut is never held back.
+            w = min(w + smoothing * (goal - w + step), max(w, ceiling))
         self._window = self._clamp(w)
         return self.window
 
