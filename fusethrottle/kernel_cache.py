@@ -22,7 +22,7 @@ seven seconds later. With a quarter of a small window (4-6 MiB), the kernel's wr
 requests in flight alone kept the mount above that line, so the writer crawled at the stale
 estimate and the target idled (92% busy in the recovered phase). With half, the requests in
 flight fit below it, the gate's delay is again the only brake, and the recovered target stayed
-100% busy (bench/results/2026-11-24-db-degrade-10-share-half).
+100% busy (bench/results/2026-11-24-db-degrade-10-kernel-half).
 
 Reads: the kernel reads ahead 128 KiB by default, so a restore reaches the daemon as 128 KiB
 requests, each a trip to a worker thread. A larger read-ahead (``read_ahead``, 4 MiB by
