@@ -11,18 +11,7 @@ writeback pages reach it) and admits to the target only the rest of the window.
 Chain of back-pressure on a slow target: fsyncs slow down -> the gate delays FUSE_WRITE replies
 -> the kernel's pages stay under writeback -> the mount's dirty limit is reached -> the writer
 sleeps in ``write()``. The kernel bounds its share only approximately (each task may dirty a
-few dozen pages past the limit before it is next checked).
-
-Why half the window, not less: on a mount with a strict limit the kernel lets a writer run
-free while the mount's dirty and writeback pages stay below about three quarters of the limit;
-above that it paces the writer at its own estimate of the mount's write-back bandwidth, an
-average over seconds. After a slow spell that estimate is the slow rate: measured on the
-degrade schedule (20 -> 1 -> 20 MiB/s), it was 0.65 MB/s when the target recovered and 10 MB/s
-seven seconds later. With a quarter of a small window (4-6 MiB), the kernel's write-back
-requests in flight alone kept the mount above that line, so the writer crawled at the stale
-estimate and the target idled (92% busy in the recovered phase). With half, the requests in
-flight fit below it, the gate's delay is again the only brake, and the recovered target stayed
-100% busy (bench/results/2026-11-24-db-degrade-10-kernel-half).
+few dozen pages past the limit before it is next checked), which is why the share is kept small.
 
 Reads: the kernel reads ahead 128 KiB by default, so a restore reaches the daemon as 128 KiB
 requests, each a trip to a worker thread. A larger read-ahead (``read_ahead``, 4 MiB by
@@ -50,15 +39,14 @@ RESHARE_FACTOR = 1.25
 
 
 def kernel_share(window: int, limit: int) -> int:
-    """Bytes the kernel may hold dirty for this mount: half the window, at most *limit*.
+    """Bytes the kernel may hold dirty for this mount: a quarter of the window, at most *limit*.
 
-    The other half is for data the target has accepted but not yet committed, which is what
-    keeps the target busy; half for the kernel keeps its pacing of the writer out of the way
-    (see above); the floor keeps writeback requests large.
+    A quarter leaves three quarters of the window for data the target has accepted but not yet
+    committed, which is what keeps the target busy; the floor keeps writeback requests large.
     """
     if limit <= 0:
         return 0
-    return max(min(limit, MIN_SHARE), min(limit, window // 2))
+    return max(min(limit, MIN_SHARE), min(limit, window // 4))
 
 
 def bdi_dir(device: str) -> str:

@@ -32,9 +32,7 @@ class FixedWindow:
         self.samples: list[tuple[int, float]] = []
         self.errors: list[int] = []
 
-    def on_sample(
-        self, now: float, nbytes: int, seconds: float, in_flight: int, admitted: int | None = None
-    ) -> int:
+    def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int:
         self.samples.append((nbytes, seconds))
         return self.window
 

@@ -16,12 +16,12 @@ MiB = 1 << 20
 
 
 @given(window=st.integers(0, 1 << 34), limit=st.integers(1, 1 << 30))
-def test_the_share_is_half_the_window_within_its_bounds(window: int, limit: int) -> None:
+def test_the_share_is_a_quarter_of_the_window_within_its_bounds(window: int, limit: int) -> None:
     share = kernel_share(window, limit)
     assert share <= limit
     assert share >= min(limit, MIN_SHARE)
-    if min(limit, MIN_SHARE) <= window // 2 <= limit:
-        assert share == window // 2
+    if min(limit, MIN_SHARE) <= window // 4 <= limit:
+        assert share == window // 4
 
 
 def test_no_limit_means_no_kernel_share() -> None:
@@ -44,12 +44,11 @@ def test_the_share_follows_the_window_but_only_when_it_moves_a_lot(bdi: Path) ->
     # The gate admits to the target what the kernel's share leaves of the window.
     assert cache.ledger_window(256 * MiB) == 224 * MiB
     cache.update(40 * MiB)
-    assert int(bdi.read_text()) == 20 * MiB
-    assert cache.ledger_window(40 * MiB) == 20 * MiB
+    assert int(bdi.read_text()) == 10 * MiB
     bdi.write_text("untouched")
-    cache.update(44 * MiB)  # 22 MiB: within a quarter of 20 MiB, not rewritten
+    cache.update(44 * MiB)  # 11 MiB: within a quarter of 10 MiB, not rewritten
     assert bdi.read_text() == "untouched"
-    assert cache.statistics().limit_bytes == 20 * MiB and cache.statistics().enforced
+    assert cache.statistics().limit_bytes == 10 * MiB and cache.statistics().enforced
 
 
 def test_a_kernel_without_max_bytes_keeps_its_own_limit_and_says_so(
