@@ -98,7 +98,9 @@ class FirstDesignController:
         recent = sum(self._short) / len(self._short) if self._short else None
         return ControllerState("design-v0", self.window, self._long, recent, len(self._short), 0)
 
-    def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int:
+    def on_sample(
+        self, now: float, nbytes: int, seconds: float, in_flight: int, admitted: int | None = None
+    ) -> int:
         if nbytes <= 0:
             return self.window
         spm = seconds / (nbytes / MiB)

@@ -2,8 +2,9 @@
 
 Pure: time is an argument, there is no I/O, no clock and no trio, so the flusher calls these from
 the event loop and tests feed them made-up samples. One sample per completed fsync:
-``on_sample(now, nbytes, seconds, in_flight)``, where ``in_flight`` is the mount's un-synced bytes
-once this fsync's bytes are gone (``ledger.unsynced`` after ``end_sync``).
+``on_sample(now, nbytes, seconds, in_flight, admitted)``, where ``in_flight`` is the mount's
+un-synced bytes once this fsync's bytes are gone (``ledger.unsynced`` after ``end_sync``) and
+``admitted`` the most the gate admits to the target (the window less the kernel's share of it).
 
 ``StaticController`` keeps the configured window (``mode=static`` and ``mode=off``): the baseline
 every benchmark compares against.
@@ -37,7 +38,8 @@ Rules, in order:
    have been written back already).
 4. Otherwise move ``smoothing`` of the way toward W*. Shrink only when the latest sample *and*
    the 5-sample mean both say "too big"; grow only when both say "too small", and only while at
-   least half the window is in use (a writer slower than the target needs no bigger window).
+   least half of what the gate admits is in use (a writer slower than the target needs no
+   bigger window; the kernel's share of the window is out of the ledger's sight).
    When both say W* is at least twice the window, move half of the way (after a stall or a
    speed-up the window is far too small, and the target idles while it grows).
 5. Every update made while the window is in use and not held adds a small fixed step
@@ -114,7 +116,9 @@ class Controller(Protocol):
         """The window it steers toward (W*); None when it does not steer or has no measure."""
         ...
 
-    def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int: ...
+    def on_sample(
+        self, now: float, nbytes: int, seconds: float, in_flight: int, admitted: int | None = None
+    ) -> int: ...
 
     def on_error(self, now: float, errno: int) -> int: ...
 
@@ -245,7 +249,9 @@ class StaticController:
     def window(self) -> int:
         return self._window
 
-    def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int:
+    def on_sample(
+        self, now: float, nbytes: int, seconds: float, in_flight: int, admitted: int | None = None
+    ) -> int:
         self._samples += 1
         self._costs.add(now, nbytes, seconds)
         return self._window
@@ -322,8 +328,16 @@ class AdaptiveController:
     def window(self) -> int:
         return int(self._window)
 
-    def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int:
-        """One completed fsync of *nbytes* that took *seconds*; returns the new window."""
+    def on_sample(
+        self, now: float, nbytes: int, seconds: float, in_flight: int, admitted: int | None = None
+    ) -> int:
+        """One completed fsync of *nbytes* that took *seconds*; returns the new window.
+
+        *admitted*: the most the gate admits (None: the whole window). With the writeback
+        cache, up to half of a small window is the kernel's, and the gate paces the rest at
+        about half full: measured against the whole window, a writer held back at the gate
+        would never count as using it, and a cut window could never grow again.
+        """
         self._samples += 1
         warming = self._samples <= self.short_samples
         latest = self._costs.add(now, nbytes, seconds)
@@ -349,7 +363,7 @@ class AdaptiveController:
         fit_fast = self._fit(min(latest, mean))  # the larger W* of the two views
         fit_slow = self._fit(max(latest, mean))  # the smaller
         w = self._window
-        in_use = in_flight + nbytes >= w / 2
+        in_use = in_flight + nbytes >= (w if admitted is None else admitted) / 2
         may_grow = in_use and self._hold_since is None and not warming
         # Gaps within _ROUNDING are float error (a tiny fsync's duration is the difference of
         # two large clock readings), not a slower target: never shrink for them.

@@ -288,7 +288,7 @@ class Flusher:
         self.fsyncs_total += 1
         self.last_fsync_seconds = seconds
         if synced or all(error is None for _, error in results):
-            self.controller.on_sample(now, synced, seconds, self.ledger.unsynced)
+            self.controller.on_sample(now, synced, seconds, self.ledger.unsynced, self.window())
         if self.on_fsync is not None:
             failed = next((error for _, error in results if error is not None), None)
             self.on_fsync(reason, seconds, sum(t.nbytes for t, _ in results), failed)

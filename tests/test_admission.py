@@ -32,7 +32,9 @@ class FixedWindow:
         self.samples: list[tuple[int, float]] = []
         self.errors: list[int] = []
 
-    def on_sample(self, now: float, nbytes: int, seconds: float, in_flight: int) -> int:
+    def on_sample(
+        self, now: float, nbytes: int, seconds: float, in_flight: int, admitted: int | None = None
+    ) -> int:
         self.samples.append((nbytes, seconds))
         return self.window
 

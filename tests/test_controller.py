@@ -203,6 +203,36 @@ def test_it_does_not_grow_a_window_the_writer_does_not_fill() -> None:
     assert window == 32 * MiB
 
 
+def test_a_writer_held_at_the_gate_grows_the_window_with_half_of_it_in_the_kernel() -> None:
+    """With the writeback cache the gate admits half of a small window (the kernel holds the
+    other half: kernel_cache.RECOVERY_SHARE) and paces that half at about half full, so a
+    writer it holds back has only a quarter of the window synced at a time: measured against
+    the whole window that never counted as in use, and a window cut during a slow spell stayed
+    cut on a target that had become ten times faster."""
+
+    def held_back(admitted: bool) -> int:
+        controller = adaptive(initial=32 * MiB)
+        now = 0.0
+        for _ in range(30):
+            w = controller.window
+            nbytes, in_flight = w // 4, w // 8  # one sync trigger, the rest of the paced half
+            now += nbytes / (200 * MiB)
+            controller.on_sample(
+                now, nbytes, nbytes / (200 * MiB), in_flight, w // 2 if admitted else None
+            )
+        return controller.window
+
+    assert held_back(admitted=False) == 32 * MiB  # what the gate admits was never "in use"
+    assert held_back(admitted=True) > 4 * 32 * MiB
+    # A writer slower than the target still gets no bigger window.
+    controller = adaptive(initial=32 * MiB)
+    feed = Feed(controller)
+    for _ in range(30):
+        feed.now += 4 * MiB / (200 * MiB)
+        controller.on_sample(feed.now, 4 * MiB, 4 * MiB / (200 * MiB), 0, 16 * MiB)
+    assert controller.window == 32 * MiB
+
+
 def test_a_tiny_fsync_among_big_ones_does_not_shrink_the_window() -> None:
     controller = adaptive()
     feed = Feed(controller)

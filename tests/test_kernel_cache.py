@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fusethrottle import kernel_cache
-from fusethrottle.kernel_cache import MIN_SHARE, KernelCache, kernel_share
+from fusethrottle.kernel_cache import MIN_SHARE, RECOVERY_SHARE, KernelCache, kernel_share
 
 MiB = 1 << 20
 
@@ -20,8 +20,24 @@ def test_the_share_is_a_quarter_of_the_window_within_its_bounds(window: int, lim
     share = kernel_share(window, limit)
     assert share <= limit
     assert share >= min(limit, MIN_SHARE)
-    if min(limit, MIN_SHARE) <= window // 4 <= limit:
+    # Never more than half the window (beyond the floor that keeps writeback requests large),
+    # so the gate keeps at least half of it for the target.
+    assert share <= max(window // 2, MIN_SHARE)
+    # A small window still leaves the kernel room for its write-back in flight.
+    assert share >= min(limit, RECOVERY_SHARE, window // 2)
+    if window >= 4 * RECOVERY_SHARE and window // 4 <= limit:
         assert share == window // 4
+
+
+def test_a_small_window_after_a_slow_spell_gives_the_kernel_half_of_it() -> None:
+    """16 MiB is the adaptive window's floor: a quarter (4 MiB) left the writer paced at the
+    kernel's stale speed estimate once the target recovered; half keeps it at speed."""
+    assert kernel_share(16 * MiB, 32 * MiB) == 8 * MiB
+    assert kernel_share(40 * MiB, 32 * MiB) == RECOVERY_SHARE
+    assert kernel_share(256 * MiB, 32 * MiB) == 32 * MiB
+    cache = KernelCache(enabled=True, limit=32 * MiB)
+    cache.share = kernel_share(16 * MiB, 32 * MiB)
+    assert cache.ledger_window(16 * MiB) == 8 * MiB
 
 
 def test_no_limit_means_no_kernel_share() -> None:
@@ -43,12 +59,12 @@ def test_the_share_follows_the_window_but_only_when_it_moves_a_lot(bdi: Path) ->
     assert int(bdi.read_text()) == 32 * MiB
     # The gate admits to the target what the kernel's share leaves of the window.
     assert cache.ledger_window(256 * MiB) == 224 * MiB
-    cache.update(40 * MiB)
-    assert int(bdi.read_text()) == 10 * MiB
+    cache.update(64 * MiB)
+    assert int(bdi.read_text()) == 16 * MiB
     bdi.write_text("untouched")
-    cache.update(44 * MiB)  # 11 MiB: within a quarter of 10 MiB, not rewritten
+    cache.update(72 * MiB)  # 18 MiB: within a quarter of 16 MiB, not rewritten
     assert bdi.read_text() == "untouched"
-    assert cache.statistics().limit_bytes == 10 * MiB and cache.statistics().enforced
+    assert cache.statistics().limit_bytes == 16 * MiB and cache.statistics().enforced
 
 
 def test_a_kernel_without_max_bytes_keeps_its_own_limit_and_says_so(
