@@ -38,7 +38,8 @@ MIN_SHARE = 4 * MiB
 #: pages pass about three quarters of the share, and after a slow spell that estimate lags the
 #: target's recovery by seconds (measured: 0.65 MB/s at recovery, 10 MB/s after 7 s). Its own
 #: write-back requests to the daemon hold 4-9 MiB, so a share of 4-6 MiB kept the writer paced
-#: at the stale speed and the recovered 20 MiB/s target 89-96% busy; 12 MiB kept it 100% busy.
+#: at the stale speed: the recovered 20 MiB/s target ran 19.18-19.74 MiB/s, and 19.32-19.98
+#: with this floor (10 repeats each; docs/DESIGN.md, "Data path").
 RECOVERY_SHARE = 12 * MiB
 #: A new share is written to sysfs only when it differs from the one in force by this factor,
 #: so an adaptive window that moves a little on every fsync does not rewrite it every time.
