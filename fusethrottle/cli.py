@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -199,6 +200,11 @@ def _daemonize(config: Config) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # SIGUSR1 asks a daemon for its stacks (``status`` suggests it when a mount is stuck); one
+    # sent while this process is still starting, or waiting for its child's mount, must not
+    # end it. Ignored until the daemon installs the dump (daemon.serve); the ignore is
+    # inherited by the child.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)

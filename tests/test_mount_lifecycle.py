@@ -5,6 +5,7 @@ hung target freezes only the paths that lead into it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -147,6 +148,65 @@ def test_background_mode_returns_once_the_mount_answers(workdir: Path) -> None:
             fusermount_unmount(mountpoint, lazy=True)
         for pid in _daemons_for(mountpoint):
             os.kill(pid, signal.SIGKILL)
+
+
+def _handles(pid: int, signum: int) -> bool:
+    """Whether *pid* ignores or catches *signum* (it will not die of it)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":\t", 1) for line in f if ":\t" in line)
+    except OSError:
+        return False
+    mask = int(fields["SigIgn"], 16) | int(fields["SigCgt"], 16)
+    return bool(mask & (1 << (signum - 1)))
+
+
+def test_a_stack_dump_request_while_starting_does_not_end_the_daemon(workdir: Path) -> None:
+    """SIGUSR1 asks for a stack dump (status says so when a mount is stuck), and an operator
+    may send it to a daemon that is still starting, or to the parent that waits for its
+    mount. Both take care of it from their first steps (only the interpreter's own start-up
+    comes before), then it arrives every 5 ms until the mount answers, in both modes."""
+    source, mountpoint = workdir / "src", workdir / "mnt"
+    source.mkdir()
+    mountpoint.mkdir()
+    (source / "hello").write_text("world")
+    for extra in (["-f"], []):
+        proc = subprocess.Popen(
+            [FUSETHROTTLE, str(source), str(mountpoint), *extra],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        signalled = 0
+        try:
+            deadline = time.monotonic() + 30
+            while not mounted(mountpoint, "fuse.fusethrottle") and time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    break
+                for pid in {proc.pid, *_daemons_for(mountpoint)}:
+                    if _handles(pid, signal.SIGUSR1):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGUSR1)
+                            signalled += pid == proc.pid
+                time.sleep(0.005)
+            assert mounted(mountpoint, "fuse.fusethrottle"), (proc.poll(), proc.stderr)
+            # The foreground daemon, or the parent waiting for the mount, took care of it
+            # before the mount answered.
+            assert signalled > 0, "the process started left SIGUSR1 fatal while starting"
+            assert (mountpoint / "hello").read_text() == "world"
+            if not extra:
+                assert proc.wait(timeout=30) == 0  # the parent returns once it is mounted
+            assert fusermount_unmount(mountpoint).returncode == 0
+            assert wait_for(lambda: not _daemons_for(mountpoint), 60), "daemon did not exit"
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if mounted(mountpoint):
+                fusermount_unmount(mountpoint, lazy=True)
+            for pid in _daemons_for(mountpoint):
+                os.kill(pid, signal.SIGKILL)
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=10)
 
 
 def _daemons_for(mountpoint: Path) -> list[int]:
