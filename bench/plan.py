@@ -182,9 +182,17 @@ def parse_arms(text: str) -> tuple[ArmSpec, ...]:
 
 # --- workloads ----------------------------------------------------------------------------------
 
+#: The pace of the ``paced`` workload: the rate the degrade and db presets' target keeps up with.
+PACED_RATE = 20 * MiB
+
 WORKLOAD_KINDS = {
     # name: (default size, what it is)
     "seq": (1 * GiB, "one file, buffered 1 MiB write() calls (a streaming backup)"),
+    "paced": (
+        512 * MiB,
+        "seq at 20 MiB/s (a backup reading its source that fast): the CPU it costs at a pace "
+        "the target keeps up with",
+    ),
     "small4k": (256 * MiB, "one file, buffered 4 KiB write() calls"),
     "small10k": (256 * MiB, "one file, buffered 10 KiB write() calls (tar's record size)"),
     "tree": (
@@ -223,7 +231,9 @@ class WorkloadSpec:
 
     @property
     def block(self) -> int:
-        return {"seq": MiB, "small4k": 4 * KiB, "small10k": 10 * KiB}.get(self.kind, MiB)
+        return {"seq": MiB, "paced": MiB, "small4k": 4 * KiB, "small10k": 10 * KiB}.get(
+            self.kind, MiB
+        )
 
 
 def parse_workloads(text: str, default_size: int | None = None) -> tuple[WorkloadSpec, ...]:
@@ -253,7 +263,7 @@ def parse_workloads(text: str, default_size: int | None = None) -> tuple[Workloa
 
 def fsync_skip_reason(workload: WorkloadSpec) -> str | None:
     """Why a workload cannot fsync every N bytes itself (None when it can)."""
-    if workload.kind in ("seq", "small4k", "small10k", "fio", "fio-rand"):
+    if workload.kind in ("seq", "paced", "small4k", "small10k", "fio", "fio-rand"):
         return None
     return f"{workload.kind} has no way to fsync every N bytes in the writer"
 

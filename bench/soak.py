@@ -94,8 +94,9 @@ def remove_cycle(index: int, mnt: Path) -> None:
 
 
 #: A worker thread idle this long ends (fusethrottle.workers.WorkerPool's default), and a heap
-#: quiet for half a second is trimmed; a sample taken after this much quiet shows what the
-#: daemon keeps, not what the last ten seconds of concurrency happened to start.
+#: quiet for half a second is trimmed (at most every 10 s: daemon.HEAP_TRIM_INTERVAL); a sample
+#: taken after this much quiet shows what the daemon keeps, not what the last ten seconds of
+#: concurrency happened to start.
 REST_SECONDS = 10.0 + 2.0
 
 

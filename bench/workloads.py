@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.plan import DD_BLOCKS, ArmSpec, MiB, WorkloadSpec, fsync_skip_reason
+from bench.plan import DD_BLOCKS, PACED_RATE, ArmSpec, MiB, WorkloadSpec, fsync_skip_reason
 from bench.system import BenchError, Child, Teardown, drop_caches, start
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def run_workload(
 ) -> WorkloadResult:
     """Run the job into *dest* (a directory on the target or on the fusethrottle mount)."""
     kind = workload.kind
-    if kind in ("seq", "small4k", "small10k"):
+    if kind in ("seq", "paced", "small4k", "small10k"):
         return _stream(workload, arm, dest, ctx)
     if kind in ("fio", "fio-rand"):
         return _fio(workload, arm, dest, ctx)
@@ -142,6 +142,8 @@ def _stream(workload: WorkloadSpec, arm: ArmSpec, dest: Path, ctx: JobContext) -
         cmd += ["--fsync-every", str(arm.fsync_every())]
     if workload.duration > 0:
         cmd += ["--duration", str(workload.duration)]
+    if workload.kind == "paced":
+        cmd += ["--rate", str(PACED_RATE)]
     if ctx.verify:
         cmd.append("--verify")
     child = _run_one("writer", cmd, ctx, out)

@@ -97,6 +97,10 @@ def stream(args: argparse.Namespace) -> dict[str, object]:
                 since_fsync = 0
             if t1 >= deadline:
                 break
+            if args.rate > 0:  # a backup that reads its source at a given speed
+                ahead = t_start + done / args.rate - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
         if args.final_fsync:
             t1 = time.monotonic()
             os.fsync(fd)
@@ -172,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--fsync-every", type=int, default=0)
     s.add_argument("--final-fsync", action="store_true")
     s.add_argument("--duration", type=float, default=0.0)
+    s.add_argument("--rate", type=float, default=0.0, help="bytes/s to keep to (0: flat out)")
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--log")
     s.add_argument("--verify", action="store_true")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import math
 import os
 import resource
 import signal
@@ -61,6 +62,11 @@ REQUEST_BUFFER_MAX = 4 << 20
 #: the pauses between backups can be a second (the soak's), and a trim costs a few ms of heap
 #: walk plus page faults as the next burst takes its buffers again.
 HEAP_TRIM_IDLE = 0.5
+#: ... but at most once this often. A backup writing at a steady rate reaches the daemon in
+#: bursts with gaps of about a second (the kernel writes the mount's cache back that way), and
+#: a trim in every gap had each burst fault its buffers back in (docs/DESIGN.md, "Request
+#: buffers").
+HEAP_TRIM_INTERVAL = 10.0
 #: Longer than the kernel's longest dirty-throttling pause (200 ms): see _write_back_kernel_cache.
 CACHE_QUIET_PAUSE = 0.3
 
@@ -341,14 +347,15 @@ class Daemon:
         ops = self.mount.ops
         seen = trimmed = ops.requests_total
         last_request = trio.current_time()
+        last_trim = -math.inf
         while True:
             await trio.sleep(HEAP_TRIM_IDLE / 4)
             now = trio.current_time()
             if ops.requests_total != seen:
                 seen, last_request = ops.requests_total, now
-            elif now - last_request >= HEAP_TRIM_IDLE and seen != trimmed:
+            elif seen != trimmed and heap_trim_due(now, last_request, last_trim):
                 _libc.release_free_heap()
-                trimmed = seen
+                trimmed, last_trim = seen, now
 
     async def _announce_ready(self, mountpoint: str) -> None:
         """Ready means the mount answers: a stat through it came back."""
@@ -526,6 +533,12 @@ def configure_logging(level: str, foreground: bool) -> None:
     else:
         handler = logging.NullHandler()
     root.addHandler(handler)
+
+
+def heap_trim_due(now: float, last_request: float, last_trim: float) -> bool:
+    """Whether a mount that received requests since its last trim gives its heap back now:
+    quiet for ``HEAP_TRIM_IDLE``, and no trim for ``HEAP_TRIM_INTERVAL`` (pure)."""
+    return now - last_request >= HEAP_TRIM_IDLE and now - last_trim >= HEAP_TRIM_INTERVAL
 
 
 def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:

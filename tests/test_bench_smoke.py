@@ -340,6 +340,37 @@ def test_passthrough_arms_and_workloads_parse() -> None:
     assert DD_BLOCKS["dd10k"] == 10 * 1024  # tar's record
 
 
+def test_the_paced_workload_writes_no_faster_than_its_rate(tmp_path: Path) -> None:
+    """``paced`` stands for a backup that reads its source at 20 MiB/s; its writer must keep
+    to a given rate, or it measures a flat-out stream again."""
+    from bench.plan import parse_workloads
+
+    (paced,) = parse_workloads("paced:8M")
+    assert (paced.size, paced.block) == (8 * MiB, MiB)
+    rate = 16 * MiB  # 8 MiB at 16 MiB/s: at least half a second
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.writer",
+            "stream",
+            "--path",
+            str(tmp_path / "f"),
+            "--size",
+            str(8 * MiB),
+            "--rate",
+            str(rate),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    rep = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rep["bytes"] == 8 * MiB
+    assert rep["seconds"] >= (8 * MiB - MiB) / rate  # the last write needs no wait after it
+
+
 def test_passthrough_preset_measures_the_daemon_defaults() -> None:
     from bench.daemon import PassthroughLLMount
     from bench.plan import ArmSpec

@@ -7,6 +7,7 @@ back, so its resident memory follows what it uses, not the busiest minute it has
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import MakeMount
 
-pytestmark = pytest.mark.mount
+from fusethrottle.daemon import HEAP_TRIM_IDLE, HEAP_TRIM_INTERVAL, heap_trim_due
 
 MiB = 1 << 20
 
@@ -48,6 +49,21 @@ def _burst(mountpoint: Path, writers: int, size: int) -> None:
     assert not failures, failures
 
 
+def test_the_heap_goes_back_after_a_quiet_spell_but_not_in_every_gap_of_a_stream() -> None:
+    """A steady backup reaches the daemon in bursts about a second apart: trimming in each gap
+    made every burst fault its buffers back in. Quiet for HEAP_TRIM_IDLE, and no trim for
+    HEAP_TRIM_INTERVAL."""
+    idle, interval = HEAP_TRIM_IDLE, HEAP_TRIM_INTERVAL
+    never = -math.inf
+    assert not heap_trim_due(100.0, 100.0 - idle / 2, never)  # still busy
+    assert heap_trim_due(100.0, 100.0 - idle, never)  # the first quiet spell
+    # A gap of a stream, shortly after the last trim: the buffers stay.
+    assert not heap_trim_due(100.0, 100.0 - 2 * idle, 100.0 - interval / 2)
+    # Still quiet once the interval has passed (a mount that stopped): given back.
+    assert heap_trim_due(100.0, 100.0 - interval / 2, 100.0 - interval)
+
+
+@pytest.mark.mount
 def test_a_quiet_mount_gives_back_the_buffers_of_its_busiest_moment(
     make_mount: MakeMount,
 ) -> None:
