@@ -147,6 +147,20 @@ def _answers(call, timeout: float = 30.0) -> bool:
     return done.wait(timeout)
 
 
+def _kernel_stacks(pid: int) -> str:
+    """Where each thread of *pid* waits in the kernel: why a call into the mount hung."""
+    out = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+        try:
+            comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            stack = Path(f"/proc/{pid}/task/{tid}/stack").read_text().split("\n")[:8]
+        except OSError:
+            continue
+        if stack[0] and "do_epoll_wait" not in stack[0]:  # not the event loop at rest
+            out.append(f"{tid} {comm}: " + " < ".join(x.split(" ", 1)[-1] for x in stack if x))
+    return "\n".join(out)
+
+
 def test_a_stalled_target_holds_writers_back_without_errors_and_still_answers(
     target, workdir
 ) -> None:
@@ -173,13 +187,16 @@ def test_a_stalled_target_holds_writers_back_without_errors_and_still_answers(
     )
     unsynced: list[int] = []
     answered: list[bool] = []
+    stacks: list[str] = []  # the daemon's threads when a call hung, for the failure message
     try:
         time.sleep(2)
         target.throttle(1)  # blk-throttle has no "stop": 1 byte/s is a hung server
         stall_end = time.monotonic() + 10
         while time.monotonic() < stall_end:
-            answered.append(_answers(lambda: os.stat(mnt / "backup.bin")))
-            answered.append(_answers(lambda: os.listdir(mnt)))
+            for call in (lambda: os.stat(mnt / "backup.bin"), lambda: os.listdir(mnt)):
+                answered.append(_answers(call))
+                if not answered[-1] and not stacks:
+                    stacks.append(_kernel_stacks(daemon.pid))
             status = subprocess.run(
                 [FUSETHROTTLE, "status", str(mnt), "--json"],
                 capture_output=True,
@@ -201,7 +218,10 @@ def test_a_stalled_target_holds_writers_back_without_errors_and_still_answers(
         daemon.stop()
     assert stalled_progress, "the backup finished during the stall: nothing was held back"
     assert writer.returncode == 0, err  # no error reached the writer
-    assert all(answered), f"{answered.count(False)} of {len(answered)} stat/readdir hung"
+    assert all(answered), (
+        f"{answered.count(False)} of {len(answered)} stat/readdir hung; the daemon's threads "
+        f"then:\n{stacks[0] if stacks else '?'}"
+    )
     assert max(unsynced) <= 32 * MiB, [u // MiB for u in unsynced]
     assert max(unsynced) > 0
     digest, written = out.split()
