@@ -19,6 +19,7 @@ import math
 import os
 import resource
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -359,10 +360,9 @@ class Daemon:
 
     async def _announce_ready(self, mountpoint: str) -> None:
         """Ready means the mount answers: a stat through it came back."""
-        try:
-            await trio.to_thread.run_sync(os.stat, mountpoint)
-        except OSError as err:
-            log.error("mount at %s does not answer: %s", mountpoint, err.strerror)
+        problem = await trio.to_thread.run_sync(stat_from_child, mountpoint, **_ABANDON_KW)
+        if problem is not None:
+            log.error("mount at %s does not answer: %s", mountpoint, problem)
             return
         # Only now: the kernel applies what FUSE_INIT negotiated (read-ahead included) when
         # the first request is answered, which would undo settings made before it.
@@ -539,6 +539,37 @@ def heap_trim_due(now: float, last_request: float, last_trim: float) -> bool:
     """Whether a mount that received requests since its last trim gives its heap back now:
     quiet for ``HEAP_TRIM_IDLE``, and no trim for ``HEAP_TRIM_INTERVAL`` (pure)."""
     return now - last_request >= HEAP_TRIM_IDLE and now - last_trim >= HEAP_TRIM_INTERVAL
+
+
+#: The child that asks the mount for its root's attributes; prints why it could not.
+_STAT_CHILD = """
+import os, sys
+try:
+    os.stat(sys.argv[1])
+except OSError as err:
+    sys.exit(err.strerror)
+"""
+
+
+def stat_from_child(mountpoint: str) -> str | None:
+    """Stat *mountpoint* from a child process: None if it answered, else why not.
+
+    Never from a thread of the daemon: once the daemon has read a request, the kernel waits
+    for its answer without letting the asking thread die, so a daemon killed (systemd's start
+    timeout) while its own stat waits on a slow target could never exit. A child is released
+    with ENOTCONN as soon as the daemon's descriptor closes.
+    """
+    child = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", _STAT_CHILD, mountpoint],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    if child.returncode == 0:
+        return None
+    return child.stderr.strip() or f"the check exited with {child.returncode}"
 
 
 def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:

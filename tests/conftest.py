@@ -110,16 +110,20 @@ def ft(make_mount: MakeMount) -> Daemon:
 
 @pytest.fixture
 def make_memfs(workdir: Path) -> Iterator[Callable[..., tuple[Daemon, Path]]]:
-    """``make_memfs(name, stale_unlinked=False)`` -> (memfs Daemon, its write/fsync record
-    file)."""
+    """``make_memfs(name, stale_unlinked=False, slow_getattr=0.0)`` -> (memfs Daemon, its
+    write/fsync record file)."""
     daemons: list[Daemon] = []
 
-    def make(name: str, stale_unlinked: bool = False) -> tuple[Daemon, Path]:
+    def make(
+        name: str, stale_unlinked: bool = False, slow_getattr: float = 0.0
+    ) -> tuple[Daemon, Path]:
         mountpoint = workdir / name
         mountpoint.mkdir(exist_ok=True)
         record = workdir / f"{name}.record"
         record.touch()
-        daemon = start_memfs(mountpoint, record, stale_unlinked=stale_unlinked)
+        daemon = start_memfs(
+            mountpoint, record, stale_unlinked=stale_unlinked, slow_getattr=slow_getattr
+        )
         daemons.append(daemon)
         return daemon, record
 

@@ -5,10 +5,11 @@ log file outside itself, so a test can see that an fsync issued on the fusethrot
 reached the target; and it can be frozen with SIGSTOP, so every request into it hangs exactly
 like a dead NFS server.
 
-Run as ``python memfs.py MOUNTPOINT LOGFILE [--stale-unlinked]``; SIGTERM or ``fusermount3 -u``
-ends it. With ``--stale-unlinked`` a removed file is gone for everyone, as on an NFS server when
-another client deletes it: opening, reading, writing or syncing it answers ESTALE. Only what the
-tests need is implemented; everything else answers ENOSYS.
+Run as ``python memfs.py MOUNTPOINT LOGFILE [--stale-unlinked] [--slow-getattr=SECONDS]``;
+SIGTERM or ``fusermount3 -u`` ends it. With ``--stale-unlinked`` a removed file is gone for
+everyone, as on an NFS server when another client deletes it: opening, reading, writing or syncing
+it answers ESTALE. With ``--slow-getattr`` every stat takes that long to answer, as on a server
+that is slow but alive. Only what the tests need is implemented; everything else answers ENOSYS.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ class Node:
 
 
 class MemFS(pyfuse3.Operations):
-    def __init__(self, log_path: str, stale_unlinked: bool = False) -> None:
+    def __init__(self, log_path: str, stale_unlinked: bool = False, slow_getattr: float = 0.0):
         super().__init__()
         self.stale_unlinked = stale_unlinked
+        self.slow_getattr = slow_getattr
         self.nodes: dict[int, Node] = {pyfuse3.ROOT_INODE: Node(stat.S_IFDIR | 0o755, b"", nlink=2)}
         self.next_ino = pyfuse3.ROOT_INODE + 1
         self.log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the fs
@@ -91,6 +93,8 @@ class MemFS(pyfuse3.Operations):
         return self._attr(ino)
 
     async def getattr(self, inode, ctx=None):
+        if self.slow_getattr:
+            await trio.sleep(self.slow_getattr)
         return self._attr(inode)
 
     async def setattr(self, inode, attr, fields, fh, ctx):
@@ -180,7 +184,8 @@ async def _serve() -> None:
 
 def main(argv: list[str]) -> int:
     mountpoint, log_path, *flags = argv
-    fs = MemFS(log_path, stale_unlinked="--stale-unlinked" in flags)
+    slow = [float(f.split("=", 1)[1]) for f in flags if f.startswith("--slow-getattr=")]
+    fs = MemFS(log_path, stale_unlinked="--stale-unlinked" in flags, slow_getattr=sum(slow))
     pyfuse3.init(fs, mountpoint, {"fsname=memfs", "subtype=memfs"})
     try:
         trio.run(_serve)

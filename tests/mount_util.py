@@ -267,15 +267,22 @@ def start_fusethrottle(
 
 
 def start_memfs(
-    mountpoint: Path, record: Path, timeout: float = START_TIMEOUT, stale_unlinked: bool = False
+    mountpoint: Path,
+    record: Path,
+    timeout: float = START_TIMEOUT,
+    stale_unlinked: bool = False,
+    slow_getattr: float = 0.0,
 ) -> Daemon:
     """The in-memory target of memfs.py; *record* receives its write/fsync log;
-    *stale_unlinked*: removed files answer ESTALE, as on NFS after another client's delete."""
+    *stale_unlinked*: removed files answer ESTALE, as on NFS after another client's delete;
+    *slow_getattr*: seconds every stat takes."""
     log_path = mountpoint.with_name(mountpoint.name + ".log")
     argv = [sys.executable, MEMFS, str(mountpoint), str(record)]
     if stale_unlinked:
         argv.append("--stale-unlinked")
-    return _start(argv, mountpoint, log_path, "fuse.memfs", timeout)
+    if slow_getattr:
+        argv.append(f"--slow-getattr={slow_getattr}")
+    return _start(argv, mountpoint, log_path, "fuse.memfs", timeout + 2 * slow_getattr)
 
 
 # The kernel sends RELEASE(DIR) for a file's last close in the background; when the unmount wins the

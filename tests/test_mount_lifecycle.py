@@ -31,6 +31,8 @@ from mount_util import (
     wait_for,
 )
 
+from fusethrottle import mountinfo
+
 pytestmark = pytest.mark.mount
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
@@ -357,6 +359,63 @@ def test_killed_daemon_leaves_a_stale_mount_that_can_be_cleared(make_mount: Make
     assert (second.mountpoint / "before").read_text() == "written before the crash"
     (second.mountpoint / "after").write_text("and after it")
     assert (first.source / "after").read_text() == "and after it"
+
+
+def test_a_daemon_killed_before_its_mount_answers_still_exits(
+    make_memfs: Callable[..., tuple[Daemon, Path]], workdir: Path
+) -> None:
+    """systemd kills a daemon whose start takes too long (TimeoutStartSec), for instance while
+    a slow target answers the daemon's check that its new mount answers. A process waiting on
+    the mount it serves itself cannot be killed once it has read that request (the kernel waits
+    for the answer, and the answer would have to come from the process being killed), so the
+    check must not run in the daemon: SIGKILL must end it and leave a stale mount that
+    ``fusermount3 -u`` clears, as for a daemon killed at any other time."""
+    delay = 2.0
+    slow, _ = make_memfs("slow", slow_getattr=delay)  # every stat of the target takes 2 s
+    mountpoint = workdir / "mnt"
+    mountpoint.mkdir()
+    log_path = workdir / "mnt.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [FUSETHROTTLE, str(slow.mountpoint), str(mountpoint), "-f"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    try:
+        assert wait_for(lambda: mounted(mountpoint) or proc.poll() is not None, 60)
+        assert mounted(mountpoint), log_path.read_text()
+        time.sleep(delay / 3)  # the check's stat has reached the daemon and waits on the target
+        assert f"on {mountpoint}" not in log_path.read_text(), "the check was not in flight"
+        proc.send_signal(signal.SIGKILL)
+        try:
+            code = proc.wait(timeout=delay + 30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the daemon, killed while checking its own mount, never exited")
+        assert code == -signal.SIGKILL
+        assert mounted(mountpoint)  # stale, as after any kill
+        assert fusermount_unmount(mountpoint).returncode == 0
+        assert not mounted(mountpoint)
+    finally:
+        if proc.poll() is None:
+            _abort_connection(mountpoint)
+            proc.kill()
+            proc.wait(timeout=30)
+        if mounted(mountpoint):
+            fusermount_unmount(mountpoint, lazy=True)
+
+
+def _abort_connection(mountpoint: Path) -> None:
+    """Clean up after a daemon that cannot exit: abort its FUSE connection (fusectl)."""
+    connections = Path("/sys/fs/fuse/connections")
+    if not any(connections.iterdir()):
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", str(connections)], check=False)
+    for mount in mountinfo.mounts():
+        if mount.mountpoint == str(mountpoint):
+            with contextlib.suppress(OSError):
+                minor = mount.device.split(":")[1]
+                (connections / minor / "abort").write_text("1")
 
 
 FSYNCING_WRITER = textwrap.dedent(
