@@ -4,7 +4,9 @@ A protection claim is about the bad night, not the median one: for each arm this
 the worst neighbour operation over all repeats, in how many repeats any operation took over half
 a second or a whole second passed without one, and the neighbour's and the backup's throughput
 as ratios paired within a repeat (the arms of one repeat run back to back, so they saw the same
-machine): the neighbour's against the idle arm, the backup's against the kernel's own limit.
+machine): the neighbour's against the idle arm, the backup's against the kernel's own limit. On
+a throttled target, also the share of the target's capacity each arm's backup used until its data
+was durable (bench.plan.schedule_capacity says why bytes over time alone is not the whole story).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def verdicts(cells: Sequence[dict], baseline: str = "direct-bdi") -> list[dict]:
             if not runs:
                 continue
             vs_idle, vs_base = [], []
+            used = [c["target_used"] for c in runs if c.get("target_used") is not None]
             for c in runs:
                 peers = by_repeat[(workload, c["repeat"])]
                 idle = peers.get("idle", {}).get("victim_ops_per_s")
@@ -56,6 +59,8 @@ def verdicts(cells: Sequence[dict], baseline: str = "direct-bdi") -> list[dict]:
                     "victim_vs_idle_worst": min(vs_idle) if vs_idle else None,
                     "backup_vs_kernel_limit_median": median(vs_base) if vs_base else None,
                     "backup_vs_kernel_limit_worst": min(vs_base) if vs_base else None,
+                    "target_used_median": median(used) if used else None,
+                    "target_used_worst": min(used) if used else None,
                     "backup_cache_left_mib_median": median(
                         [
                             c["cg_backup_cached_end_mib"]
@@ -76,13 +81,15 @@ def markdown(rows: Sequence[dict], baseline: str = "direct-bdi") -> str:
         "### The neighbour, every repeat (issue 15)",
         "",
         f"Worst over all repeats; ratios paired within a repeat (neighbour ops/s vs idle, backup "
-        f"target MiB/s vs {baseline}), median and worst; cache not the victim's left in the "
-        "shared cgroup once the data is durable.",
+        f"target MiB/s vs {baseline}), median and worst; the share of the throttled target's "
+        "capacity the backup used until its data was durable; cache not the victim's left in "
+        "the shared cgroup once the data is durable.",
         "",
         "| workload | arm | repeats | victim max ms (worst) | repeats with an op > 0.5 s | "
         "repeats with a second without ops | victim vs idle (median, worst) | backup vs "
-        f"{baseline} (median, worst) | backup cache left MiB (median) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"{baseline} (median, worst) | target capacity used (median, worst) | "
+        "backup cache left MiB (median) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
@@ -92,6 +99,7 @@ def markdown(rows: Sequence[dict], baseline: str = "direct-bdi") -> str:
             f"{f(r['victim_vs_idle_median'], '.3f')}, {f(r['victim_vs_idle_worst'], '.3f')} | "
             f"{f(r['backup_vs_kernel_limit_median'], '.3f')}, "
             f"{f(r['backup_vs_kernel_limit_worst'], '.3f')} | "
+            f"{f(r['target_used_median'], '.3f')}, {f(r['target_used_worst'], '.3f')} | "
             f"{f(r['backup_cache_left_mib_median'], '.0f')} |"
         )
     return "\n".join(out)

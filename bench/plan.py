@@ -85,6 +85,27 @@ def schedule_seconds(steps: tuple[RateStep, ...]) -> float:
     return sum(s.seconds for s in steps if math.isfinite(s.seconds))
 
 
+def schedule_capacity(steps: tuple[RateStep, ...], seconds: float) -> float | None:
+    """Bytes the throttled target can absorb in the schedule's first *seconds* (the last rate
+    held after its end); None if the target is unthrottled at any time in them.
+
+    The backup's share of this is what a time-bounded backup made of the target: bytes over
+    time alone favours an arm that still holds more unwritten data when the writer stops,
+    since the throttled target drains it after the deadline at the last step's rate.
+    """
+    total, start = 0.0, 0.0
+    for i, step in enumerate(steps):
+        length = math.inf if i == len(steps) - 1 else step.seconds
+        used = min(length, seconds - start)
+        if used <= 0:
+            break
+        if step.rate is None:
+            return None
+        total += step.rate * used
+        start += used
+    return total
+
+
 def format_schedule(steps: tuple[RateStep, ...]) -> str:
     """Inverse of :func:`parse_schedule`, for labels and run.json."""
     out = []

@@ -17,17 +17,18 @@ def cell(arm: str, repeat: int, ops: float, mibps: float | None, worst: float, *
         "victim_over_500ms": kw.get("over", 0),
         "victim_dead_seconds": kw.get("dead", 0),
         "cg_backup_cached_end_mib": kw.get("left"),
+        "target_used": kw.get("used"),
     }
 
 
 def test_the_worst_repeat_shows_and_ratios_pair_within_a_repeat() -> None:
     cells = [
         cell("idle", 1, 1000, None, 20),
-        cell("direct-bdi", 1, 950, 10.0, 90, left=400),
-        cell("ft-adaptive", 1, 990, 9.0, 30, left=3),
+        cell("direct-bdi", 1, 950, 10.0, 90, left=400, used=0.998),
+        cell("ft-adaptive", 1, 990, 9.0, 30, left=3, used=0.97),
         cell("idle", 2, 500, None, 20),  # a slower machine in repeat 2: pairs with its own idle
-        cell("direct-bdi", 2, 450, 8.0, 700, over=1, dead=1, left=420),
-        cell("ft-adaptive", 2, 480, 8.0, 40, left=5),
+        cell("direct-bdi", 2, 450, 8.0, 700, over=1, dead=1, left=420, used=0.996),
+        cell("ft-adaptive", 2, 480, 8.0, 40, left=5, used=0.99),
         {"status": "failed", "arm": "ft-adaptive", "workload": "seq", "repeat": 3},
     ]
     rows = {r["arm"]: r for r in verdicts(cells)}
@@ -40,9 +41,10 @@ def test_the_worst_repeat_shows_and_ratios_pair_within_a_repeat() -> None:
         bdi["repeats_with_an_op_over_0.5s"] == 1 and bdi["repeats_with_a_second_without_ops"] == 1
     )
     assert bdi["victim_max_ms_worst"] == 700 and bdi["backup_cache_left_mib_median"] == 410
-    assert "| seq | ft-adaptive | 2 | 40 | 0 | 0 | 0.975, 0.960 | 0.950, 0.900 | 4 |" in markdown(
-        list(rows.values())
-    )
+    assert ft["target_used_worst"] == 0.97 and bdi["target_used_median"] == 0.997
+    table = markdown(list(rows.values()))
+    row = "| seq | ft-adaptive | 2 | 40 | 0 | 0 | 0.975, 0.960 | 0.950, 0.900 | 0.980, 0.970 | 4 |"
+    assert row in table
 
 
 def test_runs_without_the_db_neighbour_have_no_table() -> None:

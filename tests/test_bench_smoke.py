@@ -74,6 +74,20 @@ def test_schedule_and_arms_parse() -> None:
     assert arms[2].ft_mode == "static" and arms[2].param == "window=128M"
 
 
+def test_schedule_capacity_is_what_the_throttled_target_could_absorb() -> None:
+    from bench.plan import parse_schedule, schedule_capacity
+
+    degrade = parse_schedule("20M:20s,1M:40s,20M:20s")
+    assert schedule_capacity(degrade, 10) == 200 * MiB
+    assert schedule_capacity(degrade, 80) == (400 + 40 + 400) * MiB
+    # Past the end the last rate holds: a backup durable at 82 s had 2 s more at 20 MiB/s.
+    assert schedule_capacity(degrade, 82) == 880 * MiB
+    assert schedule_capacity(parse_schedule("5M"), 4) == 20 * MiB
+    assert schedule_capacity(parse_schedule("20M:10s,none"), 20) is None
+    assert schedule_capacity(parse_schedule("20M:10s,none"), 10) == 200 * MiB
+    assert schedule_capacity(parse_schedule("20M:10s,0:5s,20M"), 20) == 300 * MiB
+
+
 def test_metrics_text_is_read() -> None:
     from bench.analysis import histogram_quantile
     from bench.sampler import parse_metrics
