@@ -14,9 +14,20 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+from bench.plan import parse_schedule, schedule_capacity
 from bench.stats import distinct, median
 
 STALL_S = 0.5  # the issue's bound on any one neighbour operation
+
+
+def capacity_used(cell: dict) -> float | None:
+    """Share of the throttled target's capacity a cell's backup used until its data was
+    durable; None off a throttled target or without the numbers."""
+    schedule, absorbed, seconds = (cell.get(k) for k in ("schedule", "absorbed_bytes", "durable_s"))
+    if not schedule or not absorbed or not seconds or not cell.get("app_bytes"):
+        return None
+    capacity = schedule_capacity(parse_schedule(schedule), seconds)
+    return absorbed / capacity if capacity else None
 
 
 def verdicts(cells: Sequence[dict], baseline: str = "direct-bdi") -> list[dict]:
@@ -34,7 +45,7 @@ def verdicts(cells: Sequence[dict], baseline: str = "direct-bdi") -> list[dict]:
             if not runs:
                 continue
             vs_idle, vs_base = [], []
-            used = [c["target_used"] for c in runs if c.get("target_used") is not None]
+            used = [u for u in map(capacity_used, runs) if u is not None]
             for c in runs:
                 peers = by_repeat[(workload, c["repeat"])]
                 idle = peers.get("idle", {}).get("victim_ops_per_s")

@@ -30,7 +30,7 @@ from bench.daemon import (
     build_passthrough_ll,
     find_executable,
 )
-from bench.plan import ArmSpec, Plan, WorkloadSpec, format_schedule, schedule_capacity
+from bench.plan import ArmSpec, Plan, WorkloadSpec, format_schedule
 from bench.prober import MetadataProber
 from bench.results import ResultWriter, now_iso
 from bench.sampler import Sampler
@@ -348,7 +348,6 @@ class Runner:
             "absorbed_bytes": absorbed,
             "absorbed_by": target.counter.description,
             "target_mibps": analysis.rate(absorbed, durable_s) if wres.bytes else None,
-            "target_used": _capacity_used(target, absorbed, durable_s) if wres.bytes else None,
             "absorbed_ratio": absorbed / wres.bytes
             if absorbed is not None and wres.bytes
             else None,
@@ -497,14 +496,6 @@ class Runner:
             )
             self._trees[size] = (root, files, total)
         return self._trees[size]
-
-
-def _capacity_used(target: Target, absorbed: int | None, seconds: float) -> float | None:
-    """Share of the throttled target's capacity the backup used until its data was durable."""
-    if target.spec.kind != "loop" or absorbed is None:
-        return None
-    capacity = schedule_capacity(target.spec.schedule, seconds)
-    return absorbed / capacity if capacity else None
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.neighbour import markdown, verdicts
 
 
@@ -17,7 +19,11 @@ def cell(arm: str, repeat: int, ops: float, mibps: float | None, worst: float, *
         "victim_over_500ms": kw.get("over", 0),
         "victim_dead_seconds": kw.get("dead", 0),
         "cg_backup_cached_end_mib": kw.get("left"),
-        "target_used": kw.get("used"),
+        # used: share of a 20 MiB/s target's capacity over 10 s
+        "schedule": "20M" if "used" in kw else None,
+        "absorbed_bytes": kw["used"] * 200 * 1024 * 1024 if "used" in kw else None,
+        "durable_s": 10.0,
+        "app_bytes": None if mibps is None else mibps * 10 * 1024 * 1024,
     }
 
 
@@ -41,7 +47,8 @@ def test_the_worst_repeat_shows_and_ratios_pair_within_a_repeat() -> None:
         bdi["repeats_with_an_op_over_0.5s"] == 1 and bdi["repeats_with_a_second_without_ops"] == 1
     )
     assert bdi["victim_max_ms_worst"] == 700 and bdi["backup_cache_left_mib_median"] == 410
-    assert ft["target_used_worst"] == 0.97 and bdi["target_used_median"] == 0.997
+    assert ft["target_used_worst"] == pytest.approx(0.97)
+    assert bdi["target_used_median"] == pytest.approx(0.997)
     table = markdown(list(rows.values()))
     row = "| seq | ft-adaptive | 2 | 40 | 0 | 0 | 0.975, 0.960 | 0.950, 0.900 | 0.980, 0.970 | 4 |"
     assert row in table
