@@ -184,8 +184,8 @@ async def _serve() -> None:
 
 def main(argv: list[str]) -> int:
     mountpoint, log_path, *flags = argv
-    slow = [float(f.split("=", 1)[1]) for f in flags if f.startswith("--slow-getattr=")]
-    fs = MemFS(log_path, stale_unlinked="--stale-unlinked" in flags, slow_getattr=sum(slow))
+    slow = next((float(f.split("=", 1)[1]) for f in flags if f.startswith("--slow-getattr=")), 0.0)
+    fs = MemFS(log_path, stale_unlinked="--stale-unlinked" in flags, slow_getattr=slow)
     pyfuse3.init(fs, mountpoint, {"fsname=memfs", "subtype=memfs"})
     try:
         trio.run(_serve)

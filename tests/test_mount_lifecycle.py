@@ -31,7 +31,7 @@ from mount_util import (
     wait_for,
 )
 
-from fusethrottle import mountinfo
+from bench.system import fuse_abort
 
 pytestmark = pytest.mark.mount
 
@@ -399,23 +399,11 @@ def test_a_daemon_killed_before_its_mount_answers_still_exits(
         assert not mounted(mountpoint)
     finally:
         if proc.poll() is None:
-            _abort_connection(mountpoint)
+            fuse_abort(mountpoint)  # the old bug: only aborting its connection ends it
             proc.kill()
             proc.wait(timeout=30)
         if mounted(mountpoint):
             fusermount_unmount(mountpoint, lazy=True)
-
-
-def _abort_connection(mountpoint: Path) -> None:
-    """Clean up after a daemon that cannot exit: abort its FUSE connection (fusectl)."""
-    connections = Path("/sys/fs/fuse/connections")
-    if not any(connections.iterdir()):
-        subprocess.run(["mount", "-t", "fusectl", "fusectl", str(connections)], check=False)
-    for mount in mountinfo.mounts():
-        if mount.mountpoint == str(mountpoint):
-            with contextlib.suppress(OSError):
-                minor = mount.device.split(":")[1]
-                (connections / minor / "abort").write_text("1")
 
 
 FSYNCING_WRITER = textwrap.dedent(
