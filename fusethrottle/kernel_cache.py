@@ -23,6 +23,7 @@ default) lets it ask for 1 MiB at a time and keep several in flight (measured on
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from dataclasses import dataclass
@@ -61,6 +62,13 @@ def kernel_share(window: int, limit: int) -> int:
     return min(limit, max(window // 4, min(RECOVERY_SHARE, window // 2), MIN_SHARE))
 
 
+def mount_gone(err: OSError) -> bool:
+    """Did writing a bdi file fail because the mount is gone? The directory is gone
+    (ENOENT), or it went while the file was open (sysfs answers ENODEV): an unmount that came
+    right after the start, before the daemon got to set its limits."""
+    return err.errno in (errno.ENOENT, errno.ENODEV)
+
+
 def bdi_dir(device: str) -> str:
     """The backing-device directory of a mount whose device is ``major:minor``."""
     return f"/sys/class/bdi/{device}"
@@ -93,9 +101,9 @@ class KernelCache:
             try:
                 with open(os.path.join(bdi_dir(device), "read_ahead_kb"), "w") as f:
                     f.write(str(self.read_ahead // 1024))
-            except FileNotFoundError:
-                return  # unmounted already
             except OSError as err:
+                if mount_gone(err):
+                    return  # unmounted already
                 log.info("kernel read-ahead left at its default: %s", err.strerror or err)
         if not self.enabled:
             return
@@ -121,11 +129,9 @@ class KernelCache:
         try:
             with open(self._path, "w") as f:
                 f.write(str(share))
-        except FileNotFoundError:
-            self._path = None  # the mount went away meanwhile
-            return
         except OSError as err:
-            self._fallback(self._path, err.strerror or str(err))
+            if not mount_gone(err):
+                self._fallback(self._path, err.strerror or str(err))
             self._path = None
             return
         self.share = share

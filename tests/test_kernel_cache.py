@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -88,6 +91,24 @@ def test_a_mount_already_gone_is_no_warning(
     with caplog.at_level(logging.WARNING):
         KernelCache(enabled=True, limit=32 * MiB, read_ahead=4 * MiB).attach("0:97", 256 * MiB)
     assert caplog.text == ""
+
+
+def test_a_mount_gone_while_its_limit_is_written_is_no_warning(
+    bdi: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unmounted just as the daemon opened its bdi's file: sysfs answers the write ENODEV."""
+
+    class Removed(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+
+    monkeypatch.setattr(kernel_cache, "open", lambda *args, **kw: Removed(), raising=False)
+    cache = KernelCache(enabled=True, limit=32 * MiB, read_ahead=4 * MiB)
+    with caplog.at_level(logging.INFO):
+        cache.attach("0:99", 256 * MiB)
+        cache.update(16 * MiB)
+    assert caplog.text == ""
+    assert not cache.statistics().enforced
 
 
 def test_disabled_leaves_the_window_to_the_target(bdi: Path) -> None:
