@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from bench.plan import is_idle
 from bench.results import read_cells
 from bench.stats import median
 
@@ -30,7 +31,9 @@ def _fmt(value: float | None, digits: int = 0) -> str:
 
 
 def brief(run: Path) -> str:
-    cells = [c for c in read_cells(run) if c.get("status") == "ok" and c.get("arm") != "idle"]
+    cells = [
+        c for c in read_cells(run) if c.get("status") == "ok" and not is_idle(c.get("arm", ""))
+    ]
     if not cells:
         raise ValueError(f"{run}: no completed arm to show")
     arms = list(dict.fromkeys(c["arm"] for c in cells))

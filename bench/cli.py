@@ -47,7 +47,8 @@ def parser() -> argparse.ArgumentParser:
         "--arms",
         help="comma list: idle,direct,direct-fsync[:100M],direct-bdi[:64M],ft-off,"
         "ft-static[:opts],ft-adaptive[:opts],c-ll[:opts],c-ll-wb[:opts] (c-ll: libfuse's C "
-        "passthrough_ll example, compiled at run time; -wb: with -o writeback)",
+        "passthrough_ll example, compiled at run time; -wb: with -o writeback; idle:NAME: a "
+        "second idle run, the noise floor of victim vs idle)",
     )
     r.add_argument(
         "--workload",

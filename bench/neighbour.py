@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from bench.plan import parse_schedule, schedule_capacity
+from bench.plan import is_idle, parse_schedule, schedule_capacity
 from bench.stats import distinct, median
 
 STALL_S = 0.5  # the issue's bound on any one neighbour operation
@@ -113,4 +113,12 @@ def markdown(rows: Sequence[dict], baseline: str = "direct-bdi") -> str:
             f"{f(r['target_used_median'], '.3f')}, {f(r['target_used_worst'], '.3f')} | "
             f"{f(r['backup_cache_left_mib_median'], '.0f')} |"
         )
+    seconds = [r for r in rows if r["arm"] != "idle" and is_idle(r["arm"])]
+    if seconds:
+        out += [
+            "",
+            f"{', '.join(sorted({r['arm'] for r in seconds}))}: a second run without a backup in "
+            "every repeat; its ratio to idle is what this machine's noise alone does to the "
+            "victim-vs-idle ratio.",
+        ]
     return "\n".join(out)

@@ -136,7 +136,8 @@ C_ARM_OPTIONS = {"c-ll": "", "c-ll-wb": "writeback"}
 @dataclass(frozen=True)
 class ArmSpec:
     """One way of running the backup. ``param`` refines it: the fsync interval for direct-fsync,
-    max_bytes for direct-bdi, extra ``-o`` options for the ft-* and c-ll* arms."""
+    max_bytes for direct-bdi, extra ``-o`` options for the ft-* and c-ll* arms, and a name for a
+    second idle arm (``idle:again``), whose ratio to ``idle`` is the machine's own noise."""
 
     kind: str
     param: str = ""
@@ -174,6 +175,11 @@ class ArmSpec:
         return parse_size(self.param) if self.param else 64 * MiB
 
 
+def is_idle(label: str) -> bool:
+    """Is this arm label a run without a backup (``idle``, or a second one: ``idle:again``)?"""
+    return label.partition(":")[0] == "idle"
+
+
 def parse_arms(text: str) -> tuple[ArmSpec, ...]:
     """``"idle,direct,ft-static:window=128M"`` -> specs (order kept, duplicates refused)."""
     arms: list[ArmSpec] = []
@@ -188,8 +194,10 @@ def parse_arms(text: str) -> tuple[ArmSpec, ...]:
             parse_size(param)
         if kind == "direct-bdi" and param:
             parse_size(param)
-        if kind in ("idle", "direct") and param:
-            raise PlanError(f"arm {kind} takes no parameter")
+        if kind == "direct" and param:
+            raise PlanError("arm direct takes no parameter")
+        if kind == "idle" and param and not param.isalnum():
+            raise PlanError(f"arm {part!r}: a second idle arm takes a plain name (idle:again)")
         if arm.is_c_passthrough and any(o.strip().startswith("source=") for o in param.split(",")):
             raise PlanError(f"arm {part!r}: the harness sets source= itself")
         if arm in arms:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import neighbour, sidebyside
+from bench.plan import is_idle
 from bench.results import dump_json, read_cells, read_csv, save_png
 from bench.stats import distinct, finite, median
 
@@ -398,12 +399,12 @@ def _panels(
         if probes and probes.get(cell["cell"]):
             meta.append((cell, *_bucket_max(probes[cell["cell"]], 0.25), "-"))
         xs, ys = _series(rows, "t", "absorbed")
-        if xs and cell["arm"] != "idle":
+        if xs and not is_idle(cell["arm"]):
             absorbed.append((cell, *_rate(xs, ys, window=2.0), "-"))
         # wchar of the writer at every tick: continuous, so a stalled write() shows as a dip
         # (the writer's own log has no line while it is stuck).
         xs, ys = _series(rows, "t", "app_written")
-        if xs and cell["arm"] != "idle":
+        if xs and not is_idle(cell["arm"]):
             app.append((cell, *_rate(xs, ys), "-"))
         xd, yd = _series(rows, "t", "dirty")
         xw, yw = _series(rows, "t", "writeback")
@@ -429,7 +430,7 @@ def _panels(
                 (cell, xcc, [max(0, a - b) / 2**20 for a, b in zip(ycc, yv, strict=True)], "-")
             )
             cache.append((cell, xv, [v / 2**20 for v in yv], "--"))
-        if xcw and cell["arm"] != "idle":
+        if xcw and not is_idle(cell["arm"]):
             wb.append((cell, xcw, [v / 2**20 for v in ycw], "-"))
         lat = [
             (float(r["t"]), float(r["max_s"]) * 1e3)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.plan import is_idle
 from bench.results import save_png
 from bench.stats import distinct, median
 
@@ -146,7 +147,7 @@ def build(cells: Sequence[dict]) -> list[dict]:
     for target in distinct(cells, "target"):
         mine = [c for c in cells if c["target"] == target]
         arms = distinct(mine, "arm")
-        arms = [a for a in arms if a != "idle"]
+        arms = [a for a in arms if not is_idle(a)]
         pairs = [
             (f, c)
             for f in fusethrottle_arms(arms)

@@ -56,3 +56,17 @@ def test_the_worst_repeat_shows_and_ratios_pair_within_a_repeat() -> None:
 
 def test_runs_without_the_db_neighbour_have_no_table() -> None:
     assert verdicts([{"status": "ok", "arm": "direct", "workload": "seq", "repeat": 1}]) == []
+
+
+def test_a_second_idle_arm_shows_the_machines_own_noise() -> None:
+    cells = [
+        cell("idle", 1, 1000, None, 20),
+        cell("idle:again", 1, 940, None, 25),
+        cell("ft-adaptive", 1, 960, 9.0, 30),
+    ]
+    rows = {r["arm"]: r for r in verdicts(cells)}
+    assert rows["idle:again"]["victim_vs_idle_worst"] == pytest.approx(0.94)
+    assert rows["idle"]["victim_vs_idle_worst"] == 1.0
+    table = markdown(list(rows.values()))
+    assert "| seq | idle:again | 1 | 25 | 0 | 0 | 0.940, 0.940 | -, - |" in table
+    assert "idle:again: a second run without a backup in every repeat" in table

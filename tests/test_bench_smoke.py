@@ -72,6 +72,11 @@ def test_schedule_and_arms_parse() -> None:
     arms = parse_arms("idle,direct-fsync:50M,ft-static:window=128M")
     assert arms[1].fsync_every() == 50 * MiB
     assert arms[2].ft_mode == "static" and arms[2].param == "window=128M"
+    # A second idle arm measures the machine's noise; it needs a plain name.
+    assert parse_arms("idle,idle:again")[1].label == "idle:again"
+    for bad in ("idle,idle", "idle:a=b", "direct:x"):
+        with pytest.raises(PlanError):
+            parse_arms(bad)
 
 
 def test_schedule_capacity_is_what_the_throttled_target_could_absorb() -> None:
