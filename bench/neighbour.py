@@ -4,9 +4,10 @@ A protection claim is about the bad night, not the median one: for each arm this
 the worst neighbour operation over all repeats, in how many repeats any operation took over half
 a second or a whole second passed without one, and the neighbour's and the backup's throughput
 as ratios paired within a repeat (the arms of one repeat run back to back, so they saw the same
-machine): the neighbour's against the idle arm, the backup's against the kernel's own limit. On
-a throttled target, also the share of the target's capacity each arm's backup used until its data
-was durable (bench.plan.schedule_capacity says why bytes over time alone is not the whole story).
+machine): the neighbour's against the idle arm and against the neighbour beside the kernel's own
+limit, the backup's against the kernel's own limit. On a throttled target, also the share of
+the target's capacity each arm's backup used until its data was durable
+(bench.plan.schedule_capacity says why bytes over time alone is not the whole story).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def verdicts(cells: Sequence[dict], baseline: str = "direct-bdi") -> list[dict]:
             runs = [c for c in ok if c["arm"] == arm and c["workload"] == workload]
             if not runs:
                 continue
-            vs_idle, vs_base = [], []
+            vs_idle, vs_base, victim_vs_base = [], [], []
             used = [u for u in map(capacity_used, runs) if u is not None]
             for c in runs:
                 peers = by_repeat[(workload, c["repeat"])]
@@ -54,6 +55,9 @@ def verdicts(cells: Sequence[dict], baseline: str = "direct-bdi") -> list[dict]:
                 base = peers.get(baseline, {}).get("target_mibps")
                 if base and c.get("target_mibps"):
                     vs_base.append(c["target_mibps"] / base)
+                base_ops = peers.get(baseline, {}).get("victim_ops_per_s")
+                if base_ops and arm != baseline and not is_idle(arm):
+                    victim_vs_base.append(c["victim_ops_per_s"] / base_ops)
             rows.append(
                 {
                     "workload": workload,
@@ -68,6 +72,10 @@ def verdicts(cells: Sequence[dict], baseline: str = "direct-bdi") -> list[dict]:
                     ),
                     "victim_vs_idle_median": median(vs_idle) if vs_idle else None,
                     "victim_vs_idle_worst": min(vs_idle) if vs_idle else None,
+                    "victim_vs_kernel_limit_median": median(victim_vs_base)
+                    if victim_vs_base
+                    else None,
+                    "victim_vs_kernel_limit_worst": min(victim_vs_base) if victim_vs_base else None,
                     "backup_vs_kernel_limit_median": median(vs_base) if vs_base else None,
                     "backup_vs_kernel_limit_worst": min(vs_base) if vs_base else None,
                     "target_used_median": median(used) if used else None,
@@ -91,16 +99,17 @@ def markdown(rows: Sequence[dict], baseline: str = "direct-bdi") -> str:
     out = [
         "### The neighbour, every repeat (issue 15)",
         "",
-        f"Worst over all repeats; ratios paired within a repeat (neighbour ops/s vs idle, backup "
-        f"target MiB/s vs {baseline}), median and worst; the share of the throttled target's "
-        "capacity the backup used until its data was durable; cache not the victim's left in "
-        "the shared cgroup once the data is durable.",
+        f"Worst over all repeats; ratios paired within a repeat (neighbour ops/s vs idle and vs "
+        f"{baseline}, backup target MiB/s vs {baseline}), median and worst; the share of the "
+        "throttled target's capacity the backup used until its data was durable; cache not the "
+        "victim's left in the shared cgroup once the data is durable.",
         "",
         "| workload | arm | repeats | victim max ms (worst) | repeats with an op > 0.5 s | "
-        "repeats with a second without ops | victim vs idle (median, worst) | backup vs "
+        "repeats with a second without ops | victim vs idle (median, worst) | victim vs "
+        f"{baseline} (median, worst) | backup vs "
         f"{baseline} (median, worst) | target capacity used (median, worst) | "
         "backup cache left MiB (median) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
@@ -108,6 +117,8 @@ def markdown(rows: Sequence[dict], baseline: str = "direct-bdi") -> str:
             f"{f(r['victim_max_ms_worst'], '.0f')} | "
             f"{r['repeats_with_an_op_over_0.5s']} | {r['repeats_with_a_second_without_ops']} | "
             f"{f(r['victim_vs_idle_median'], '.3f')}, {f(r['victim_vs_idle_worst'], '.3f')} | "
+            f"{f(r['victim_vs_kernel_limit_median'], '.3f')}, "
+            f"{f(r['victim_vs_kernel_limit_worst'], '.3f')} | "
             f"{f(r['backup_vs_kernel_limit_median'], '.3f')}, "
             f"{f(r['backup_vs_kernel_limit_worst'], '.3f')} | "
             f"{f(r['target_used_median'], '.3f')}, {f(r['target_used_worst'], '.3f')} | "

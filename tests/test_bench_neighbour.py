@@ -50,7 +50,14 @@ def test_the_worst_repeat_shows_and_ratios_pair_within_a_repeat() -> None:
     assert ft["target_used_worst"] == pytest.approx(0.97)
     assert bdi["target_used_median"] == pytest.approx(0.997)
     table = markdown(list(rows.values()))
-    row = "| seq | ft-adaptive | 2 | 40 | 0 | 0 | 0.975, 0.960 | 0.950, 0.900 | 0.980, 0.970 | 4 |"
+    # The neighbour beside fusethrottle against the neighbour beside the kernel's limit:
+    # 990/950 and 480/450.
+    assert ft["victim_vs_kernel_limit_worst"] == pytest.approx(990 / 950)
+    assert bdi["victim_vs_kernel_limit_worst"] is None
+    row = (
+        "| seq | ft-adaptive | 2 | 40 | 0 | 0 | 0.975, 0.960 | 1.054, 1.042 | 0.950, 0.900 | "
+        "0.980, 0.970 | 4 |"
+    )
     assert row in table
 
 
@@ -68,5 +75,5 @@ def test_a_second_idle_arm_shows_the_machines_own_noise() -> None:
     assert rows["idle:again"]["victim_vs_idle_worst"] == pytest.approx(0.94)
     assert rows["idle"]["victim_vs_idle_worst"] == 1.0
     table = markdown(list(rows.values()))
-    assert "| seq | idle:again | 1 | 25 | 0 | 0 | 0.940, 0.940 | -, - |" in table
+    assert "| seq | idle:again | 1 | 25 | 0 | 0 | 0.940, 0.940 | -, - | -, - |" in table
     assert "idle:again: a second run without a backup in every repeat" in table
