@@ -124,12 +124,12 @@ def markdown(rows: Sequence[dict], baseline: str = "direct-bdi") -> str:
             f"{f(r['target_used_median'], '.3f')}, {f(r['target_used_worst'], '.3f')} | "
             f"{f(r['backup_cache_left_mib_median'], '.0f')} |"
         )
-    seconds = [r for r in rows if r["arm"] != "idle" and is_idle(r["arm"])]
-    if seconds:
+    second_idles = [r for r in rows if r["arm"] != "idle" and is_idle(r["arm"])]
+    if second_idles:
+        names = ", ".join(sorted({r["arm"] for r in second_idles}))
         out += [
             "",
-            f"{', '.join(sorted({r['arm'] for r in seconds}))}: a second run without a backup in "
-            "every repeat; its ratio to idle is what this machine's noise alone does to the "
-            "victim-vs-idle ratio.",
+            f"{names}: a second run without a backup in every repeat; its ratio to idle is what "
+            "this machine's noise alone does to the victim-vs-idle ratio.",
         ]
     return "\n".join(out)
