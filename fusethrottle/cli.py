@@ -75,6 +75,22 @@ def parse_args(argv: Sequence[str]) -> Config:
         raise UsageError(str(err)) from None
 
 
+def fuse_mount_is_stale(mountpoint: str) -> bool:
+    """Is the FUSE mount at *mountpoint* one whose daemon is gone? A stat can be answered from
+    the kernel's attribute cache after the daemon died; a statfs always asks the daemon."""
+    try:
+        os.statvfs(mountpoint)
+    except OSError as err:
+        return err.errno == errno.ENOTCONN
+    return False
+
+
+def stale_mount(mountpoint: str) -> UsageError:
+    return UsageError(
+        f"mountpoint {mountpoint} is a stale FUSE mount; clear it with: fusermount3 -u {mountpoint}"
+    )
+
+
 def check_environment(config: Config) -> None:
     """Refuse what would fail or hang later, before anything is mounted."""
     if not os.path.exists(config.source):
@@ -87,10 +103,7 @@ def check_environment(config: Config) -> None:
         raise UsageError(f"mountpoint {config.mountpoint} does not exist") from None
     except OSError as err:
         if err.errno == errno.ENOTCONN:
-            raise UsageError(
-                f"mountpoint {config.mountpoint} is a stale FUSE mount; "
-                f"clear it with: fusermount3 -u {config.mountpoint}"
-            ) from None
+            raise stale_mount(config.mountpoint) from None
         raise UsageError(f"mountpoint {config.mountpoint}: {err.strerror}") from None
     import stat as stat_mod
 
@@ -98,6 +111,8 @@ def check_environment(config: Config) -> None:
         raise UsageError(f"mountpoint {config.mountpoint} is not a directory")
     existing = find_mount(config.mountpoint)
     if existing is not None and existing.fstype.startswith("fuse"):
+        if fuse_mount_is_stale(config.mountpoint):
+            raise stale_mount(config.mountpoint)
         raise UsageError(
             f"mountpoint {config.mountpoint} is busy: {existing.fstype} from {existing.source} "
             "is mounted there"
