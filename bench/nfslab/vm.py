@@ -1,0 +1,210 @@
+"""Boot a lab VM with qemu and run one job in it.
+
+The host shares two directories with the guest over 9p: its own root file system (read-only:
+the guest's packages and this repository) and the job's directory (read-write: ``job.json`` in,
+logs and results out). The server's disk is a fresh sparse ext4 image per run, so every run
+starts from an empty export.
+
+Acceleration is detected, not assumed: where ``/dev/kvm`` exists, a probe boot with KVM must
+print its marker within :data:`KVM_PROBE_TIMEOUT`; on the machine kind this project grew up on
+``/dev/kvm`` opens but a guest never runs, so the lab falls back to TCG (every instruction
+translated; see probe.py for how much slower that is). The answer is cached in
+``accel.json`` per host kernel and qemu version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.nfslab.image import GUEST, Boot, LabError
+
+log = logging.getLogger(__name__)
+
+KVM_PROBE_TIMEOUT = 20.0
+TCG_PROBE_TIMEOUT = 120.0
+PROBE_MARKER = "ftlab-probe-ok"
+DISK_SIZE = 8 << 30
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command the guest runs (from the repository's root), with its own log."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float = 1800.0
+
+
+@dataclass(frozen=True)
+class Machine:
+    accel: str  # "kvm" or "tcg"
+    cpus: int = 2
+    memory_mib: int = 4096
+
+
+def _accel_args(accel: str) -> list[str]:
+    if accel == "kvm":
+        return ["-accel", "kvm", "-cpu", "host"]
+    return ["-accel", "tcg,thread=multi", "-cpu", "max"]
+
+
+def qemu_argv(
+    boot: Boot,
+    machine: Machine,
+    *,
+    init: Path,
+    console: Path,
+    job_dir: Path | None = None,
+    disk: Path | None = None,
+) -> list[str]:
+    """The qemu command line of a lab VM (pure)."""
+    argv = [
+        "qemu-system-x86_64",
+        *_accel_args(machine.accel),
+        "-smp", str(machine.cpus),
+        "-m", str(machine.memory_mib),
+        "-display", "none", "-monitor", "none", "-no-reboot",
+        "-serial", f"file:{console}",
+        "-nic", "none",
+        "-kernel", str(boot.kernel),
+        "-initrd", str(boot.initrd),
+        "-append", f"console=ttyS0 quiet panic=-1 ftlab_init={init}",
+        "-virtfs",
+        "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
+    ]  # fmt: skip
+    if job_dir is not None:
+        argv += ["-virtfs", f"local,path={job_dir},mount_tag=job,security_model=none"]
+    if disk is not None:
+        argv += ["-drive", f"file={disk},if=virtio,format=raw,cache=none,aio=threads"]
+    return argv
+
+
+def _boots(boot: Boot, accel: str, timeout: float) -> bool:
+    with tempfile.TemporaryDirectory() as tmp:
+        console = Path(tmp) / "console"
+        argv = qemu_argv(
+            boot, Machine(accel, cpus=1, memory_mib=512), init=GUEST / "probe-init", console=console
+        )
+        try:
+            subprocess.run(argv, timeout=timeout, capture_output=True, check=False)
+        except subprocess.TimeoutExpired:
+            return False
+        return console.exists() and PROBE_MARKER in console.read_text(errors="replace")
+
+
+def detect_accel(boot: Boot, lab_dir: Path) -> str:
+    """KVM if a probe guest really runs with it here, else TCG (cached per host and qemu)."""
+    qemu = subprocess.run(
+        ["qemu-system-x86_64", "--version"], capture_output=True, text=True, check=False
+    ).stdout.splitlines()[:1]
+    key = f"{os.uname().release} {qemu[0] if qemu else '?'}"
+    cache = lab_dir / "accel.json"
+    try:
+        known = json.loads(cache.read_text())
+        if known.get("key") == key:
+            return str(known["accel"])
+    except (OSError, ValueError, KeyError):
+        pass
+    why = "no /dev/kvm"
+    accel = "tcg"
+    if os.path.exists("/dev/kvm"):
+        if _boots(boot, "kvm", KVM_PROBE_TIMEOUT):
+            accel, why = "kvm", "a probe guest ran with KVM"
+        else:
+            why = (
+                f"/dev/kvm exists, but a probe guest did not run with it in "
+                f"{KVM_PROBE_TIMEOUT:.0f} s"
+            )
+    if accel == "tcg" and not _boots(boot, "tcg", TCG_PROBE_TIMEOUT):
+        raise LabError("a probe guest did not boot with TCG either: see qemu's output")
+    cache.write_text(json.dumps({"key": key, "accel": accel, "why": why}, indent=2) + "\n")
+    log.info("acceleration: %s (%s)", accel, why)
+    return accel
+
+
+def make_disk(path: Path, size: int = DISK_SIZE) -> None:
+    """A sparse, empty ext4 image for the server's export (made on the host: fast)."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+    subprocess.run(
+        ["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1", str(path)],
+        check=True,
+    )
+
+
+@dataclass
+class JobResult:
+    exit: int | None  # the guest's own status; None: it never said (crash, timeout)
+    seconds: float
+    result: dict
+    console: str
+    guest_log: str
+
+
+def run_job(
+    boot: Boot,
+    machine: Machine,
+    profile: str,
+    commands: list[Command],
+    out_dir: Path,
+    *,
+    lab_dir: Path,
+    timeout: float = 3600.0,
+) -> JobResult:
+    """Boot, run *commands* in the guest under *profile*, copy the results to *out_dir*."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="job-", dir=lab_dir) as tmp:
+        job_dir = Path(tmp)
+        job_dir.chmod(0o755)
+        (job_dir / "job.json").write_text(
+            json.dumps(
+                {
+                    "profile": profile,
+                    "modules": str(boot.modules),
+                    "commands": [c.__dict__ for c in commands],
+                },
+                indent=2,
+            )
+        )
+        disk = job_dir.with_suffix(".disk")
+        make_disk(disk)
+        console = job_dir / "console.log"
+        argv = qemu_argv(
+            boot, machine, init=GUEST / "init", console=console, job_dir=job_dir, disk=disk
+        )
+        start = time.monotonic()
+        try:
+            subprocess.run(argv, timeout=timeout, capture_output=True, check=False)
+        except subprocess.TimeoutExpired:
+            log.error("the VM did not power off within %.0f s: killed", timeout)
+        finally:
+            disk.unlink(missing_ok=True)
+        seconds = time.monotonic() - start
+        exit_file = job_dir / "guest.exit"
+        code = int(exit_file.read_text().strip()) if exit_file.exists() else None
+        result_file = job_dir / "result.json"
+        result = json.loads(result_file.read_text()) if result_file.exists() else {}
+        for name in ("console.log", "guest.log", "result.json"):
+            if (job_dir / name).exists():
+                shutil.copy2(job_dir / name, out_dir / name)
+        if (job_dir / "out").exists():
+            shutil.copytree(job_dir / "out", out_dir, dirs_exist_ok=True)
+        return JobResult(
+            code,
+            seconds,
+            result,
+            console.read_text(errors="replace") if console.exists() else "",
+            (job_dir / "guest.log").read_text(errors="replace")
+            if (job_dir / "guest.log").exists()
+            else "",
+        )
