@@ -7,8 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from lab import IN_LAB, fresh_dir
 from mount_util import Daemon
+
+from .lab import IN_LAB, fresh_dir
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

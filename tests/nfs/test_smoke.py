@@ -12,8 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from lab import silly_renamed, version
 from mount_util import Daemon
+
+from .lab import silly_renamed, version
 
 pytestmark = [pytest.mark.mount, pytest.mark.smoke]
 
