@@ -140,3 +140,46 @@ def release_free_heap() -> None:
     trim.argtypes = (ctypes.c_size_t,)
     trim.restype = ctypes.c_int
     trim(0)
+
+
+MAX_HANDLE_SZ = 128
+
+
+class _FileHandle(ctypes.Structure):
+    _fields_ = (
+        ("handle_bytes", ctypes.c_uint),
+        ("handle_type", ctypes.c_int),
+        ("f_handle", ctypes.c_ubyte * MAX_HANDLE_SZ),
+    )
+
+
+_libc.name_to_handle_at.argtypes = (
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.POINTER(_FileHandle),
+    ctypes.POINTER(ctypes.c_int),
+    ctypes.c_int,
+)
+_libc.name_to_handle_at.restype = ctypes.c_int
+
+
+def file_handle(fd: int) -> bytes | None:
+    """The file system's handle of the object *fd* (an O_PATH descriptor) refers to, or None
+    where the file system has none.
+
+    A handle names one object for its whole life: unlike an inode number, the target never
+    gives it to another object (NFS carries it on the wire; local file systems put the inode's
+    generation in it). So it tells a file that replaced another under the same inode number
+    from the one the kernel still knows. On NFS the client encodes it from what it holds: no
+    call to the server.
+    """
+    handle = _FileHandle()
+    handle.handle_bytes = MAX_HANDLE_SZ
+    mount_id = ctypes.c_int()
+    found = _libc.name_to_handle_at(
+        fd, b"", ctypes.byref(handle), ctypes.byref(mount_id), AT_EMPTY_PATH
+    )
+    if found < 0:
+        return None
+    size = min(handle.handle_bytes, MAX_HANDLE_SZ)
+    return handle.handle_type.to_bytes(4, "little", signed=True) + bytes(handle.f_handle[:size])

@@ -26,11 +26,11 @@ from typing import Any, TypeVar
 
 import trio
 
-from . import _libc
 from .credentials import Caller, ThreadCredentials
 from .target_calls import (
     CAPABILITY,
     Created,
+    LetGo,
     SyncPlan,
     _aligned_pread,
     _aligned_pwrite,
@@ -41,14 +41,16 @@ from .target_calls import (
     _flush,
     _fsync_dir,
     _fsync_path,
-    _has_capability,
     _list_entries,
     _listxattr,
     _lookup,
     _make,
+    _open_file,
     _readlink,
-    _reopen,
+    _rename,
     _setattr,
+    _unlink,
+    close_created,
     proc_path,
 )
 from .workers import WorkerPool
@@ -93,21 +95,33 @@ class Backend:
         self.observer = observer
         #: Set when calls run as their callers (credentials.py); None: all as the daemon.
         self.credentials = credentials
-        self._to_close: list[int] = []
+        #: (node id, fd) of released files, closed in batches (see close_soon).
+        self._to_close: list[tuple[int, int]] = []
         self._close_wakeup = trio.Event()
         #: Told the fresh attributes of every directory a call changed.
         self.on_dir_changed: Callable[[os.stat_result], None] | None = None
 
     async def _run(
-        self, pool: WorkerPool, caller: Caller | None, fn: Callable[..., T], *args: Any
+        self,
+        pool: WorkerPool,
+        caller: Caller | None,
+        fn: Callable[..., T],
+        *args: Any,
+        discard: Callable[[T], None] | None = None,
     ) -> T:
-        """Run ``fn(*args)`` in one of *pool*'s threads, as *caller* (None: as the daemon)."""
+        """Run ``fn(*args)`` in one of *pool*'s threads, as *caller* (None: as the daemon).
+        *discard*: gives back what the call made if its caller stopped waiting (killable.py)."""
         if self.credentials is None:
-            return await pool.run(fn, *args)
-        return await pool.run(self.credentials.call_as, caller, fn, *args)
+            return await pool.run(fn, *args, discard=discard)
+        return await pool.run(self.credentials.call_as, caller, fn, *args, discard=discard)
 
     async def _change(
-        self, caller: Caller | None, dir_fds: tuple[int, ...], fn: Callable[..., T], *args: Any
+        self,
+        caller: Caller | None,
+        dir_fds: tuple[int, ...],
+        fn: Callable[..., T],
+        *args: Any,
+        discard: Callable[[T], None] | None = None,
     ) -> T:
         """Run a call that changes directories, and stat them in the same trip to the thread.
 
@@ -120,7 +134,11 @@ class Backend:
             result = fn(*args)
             return result, _dir_stats(dir_fds)
 
-        result, stats = await self._run(self.meta, caller, run)
+        def give_back(done: tuple[T, list[os.stat_result]]) -> None:
+            if discard is not None:
+                discard(done[0])
+
+        result, stats = await self._run(self.meta, caller, run, discard=give_back)
         if self.on_dir_changed is not None:
             for st in stats:
                 self.on_dir_changed(st)
@@ -139,7 +157,7 @@ class Backend:
         return await self._run(self.meta, None, run)
 
     async def lookup(self, caller: Caller | None, dir_fd: int, name: bytes) -> Created:
-        result = await self._run(self.meta, caller, _lookup, dir_fd, name)
+        result = await self._run(self.meta, caller, _lookup, dir_fd, name, discard=close_created)
         self._seen("lookup")
         return result
 
@@ -190,19 +208,19 @@ class Backend:
         arg: Any = None,
         owner: tuple[int, int] | None = None,
     ) -> Created:
-        result = await self._change(caller, (dir_fd,), _make, kind, dir_fd, name, mode, arg, owner)
+        result = await self._change(
+            caller, (dir_fd,), _make, kind, dir_fd, name, mode, arg, owner, discard=close_created
+        )
         self._seen(kind)
         return result
 
-    async def unlink(self, caller: Caller | None, dir_fd: int, name: bytes) -> os.stat_result:
-        """Remove *name*; returns what it was, so the caller knows if the last link went."""
-
-        def run() -> os.stat_result:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            os.unlink(name, dir_fd=dir_fd)
-            return st
-
-        result = await self._change(caller, (dir_fd,), run)
+    async def unlink(
+        self, caller: Caller | None, dir_fd: int, name: bytes, let_go: LetGo | None = None
+    ) -> os.stat_result:
+        """Remove *name*; returns what it was, so the caller knows if the last link went.
+        *let_go*: what the daemon holds of the file, let go of first if this is its last link
+        (``let_go.done`` says whether it was)."""
+        result = await self._change(caller, (dir_fd,), _unlink, dir_fd, name, let_go)
         self._seen("unlink")
         return result
 
@@ -211,15 +229,18 @@ class Backend:
         self._seen("rmdir")
 
     async def rename(
-        self, caller: Caller | None, old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int
+        self,
+        caller: Caller | None,
+        old_dir: int,
+        old: bytes,
+        new_dir: int,
+        new: bytes,
+        flags: int,
+        let_go: LetGo | None = None,
     ) -> None:
+        """rename(2); *let_go*: what the daemon holds of the file the rename would replace."""
         dirs = (old_dir, new_dir)
-        if flags:
-            await self._change(caller, dirs, _libc.renameat2, old_dir, old, new_dir, new, flags)
-        else:
-            await self._change(
-                caller, dirs, lambda: os.rename(old, new, src_dir_fd=old_dir, dst_dir_fd=new_dir)
-            )
+        await self._change(caller, dirs, _rename, old_dir, old, new_dir, new, flags, let_go)
         self._seen("rename")
 
     async def link(self, caller: Caller | None, path_fd: int, new_dir: int, new: bytes) -> Created:
@@ -227,7 +248,7 @@ class Backend:
             os.link(proc_path(path_fd), new, dst_dir_fd=new_dir, follow_symlinks=True)
             return _lookup(new_dir, new)
 
-        result = await self._change(caller, (new_dir,), run)
+        result = await self._change(caller, (new_dir,), run, discard=close_created)
         self._seen("link")
         return result
 
@@ -278,19 +299,25 @@ class Backend:
 
     # --- files -----------------------------------------------------------------------------
     async def open(
-        self, caller: Caller | None, path_fd: int, flags: int, check_capability: bool = False
-    ) -> tuple[int, bool]:
-        """Open the file; with *check_capability*, also say whether it has a file capability."""
-        if not check_capability:
-            fd = await self._run(self.data, caller, _reopen, path_fd, flags)
-            self._seen("open")
-            return fd, False
-
-        def run() -> tuple[int, bool]:
-            fd = _reopen(path_fd, flags)
-            return fd, _has_capability(fd)
-
-        result = await self._run(self.data, caller, run)
+        self,
+        caller: Caller | None,
+        path_fd: int,
+        flags: int,
+        check_capability: bool = False,
+        write_only: int | None = None,
+    ) -> tuple[int, bool, bool]:
+        """Open the file: (fd, whether it has a file capability (asked only with
+        *check_capability*), whether it was opened with the fallback *write_only* flags)."""
+        result = await self._run(
+            self.data,
+            caller,
+            _open_file,
+            path_fd,
+            flags,
+            write_only,
+            check_capability,
+            discard=lambda opened: os.close(opened[0]),
+        )
         self._seen("open")
         return result
 
@@ -303,8 +330,12 @@ class Backend:
         mode: int,
         owner: tuple[int, int] | None,
     ) -> tuple[int, Created]:
+        def give_back(made: tuple[int, Created]) -> None:
+            os.close(made[0])
+            close_created(made[1])
+
         result = await self._change(
-            caller, (dir_fd,), _create_file, dir_fd, name, flags, mode, owner
+            caller, (dir_fd,), _create_file, dir_fd, name, flags, mode, owner, discard=give_back
         )
         self._seen("create")
         return result
@@ -353,13 +384,29 @@ class Backend:
     async def close(self, fd: int) -> None:
         await self.data.run(os.close, fd)
 
-    def close_soon(self, fd: int) -> None:
+    def close_soon(self, fd: int, nodeid: int = 0) -> None:
         """Close a released file's descriptor in the background, with the others released
         meanwhile: one trip to a thread for many files (the kernel does not wait for the
         release reply, so nobody waits for the close; on a tree copy this saves a trip per
-        file). Needs :meth:`run_closer` running."""
-        self._to_close.append(fd)
+        file). Needs :meth:`run_closer` running. An unlink of the file takes it back
+        (:meth:`take_closes`): a descriptor still open would keep the file's space, and on
+        NFS turn the unlink into a silly rename."""
+        self._to_close.append((nodeid, fd))
         self._close_wakeup.set()
+
+    def take_closes(self, nodeid: int) -> list[int]:
+        """The descriptors of *nodeid* still waiting to be closed, taken out of the queue (the
+        caller closes them)."""
+        mine = [fd for owner, fd in self._to_close if owner == nodeid]
+        if mine:
+            self._to_close = [(owner, fd) for owner, fd in self._to_close if owner != nodeid]
+        return mine
+
+    async def let_go(self, path_fd: int, fds: list[int]) -> None:
+        """Let go of a file nothing needs any more: its O_PATH descriptor's number is pointed at
+        a placeholder (see target_calls.LetGo), *fds* are closed (NFS: a close may write back;
+        a thread then)."""
+        await self.data.run(LetGo((0, 0), path_fd, fds).release)
 
     async def run_closer(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -371,14 +418,16 @@ class Backend:
                 await self._close_wakeup.wait()
                 await trio.sleep(CLOSE_GATHER)  # let a tree copy's next releases join in
                 self._close_wakeup = trio.Event()
-                fds, self._to_close = self._to_close, []
+                fds = [fd for _, fd in self._to_close]
+                self._to_close = []
                 # Shielded, so that a shutdown does not leave these to a thread it no longer
                 # waits for; bounded, so that a hung target cannot hold the shutdown.
                 with trio.move_on_after(CLOSE_GRACE) as scope:
                     scope.shield = True
                     await self.data.run(_close_all, fds)
         finally:
-            fds, self._to_close = self._to_close, []
+            fds = [fd for _, fd in self._to_close]
+            self._to_close = []
             _close_all(fds)
 
     async def fsync(self, caller: Caller | None, fd: int, datasync: bool = False) -> None:
@@ -432,12 +481,19 @@ class Backend:
             os.open,
             proc_path(path_fd),
             os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+            discard=os.close,
         )
 
     async def list_entries(
         self, caller: Caller | None, dir_fd: int, names: list[bytes] | None, start: int, count: int
     ) -> tuple[list[bytes], list[tuple[int, bytes, Created]]]:
-        result = await self._run(self.meta, caller, _list_entries, dir_fd, names, start, count)
+        def give_back(listed: tuple[list[bytes], list[tuple[int, bytes, Created]]]) -> None:
+            for _, _, created in listed[1]:
+                close_created(created)
+
+        result = await self._run(
+            self.meta, caller, _list_entries, dir_fd, names, start, count, discard=give_back
+        )
         self._seen("readdir")
         return result
 

@@ -85,3 +85,8 @@ class WriteBudget:
     ) -> None:
         self.ledger.end_sync(ticket, error, now, reported=reported)
         self.gate.wake()
+
+    def abandon_sync(self, ticket: SyncTicket) -> None:
+        """Nobody waits for that fsync any more: its bytes are un-synced again, no error."""
+        self.ledger.abandon_sync(ticket)
+        self.on_batch_ready()

@@ -311,6 +311,7 @@ class Daemon:
                 if self.mount.kernel_entries is not None:
                     await nursery.start(self.mount.kernel_entries.run)
                 await nursery.start(self.mount.flusher.run)
+                await nursery.start(self.mount.ops.kills.run)
                 await nursery.start(self.mount.backend.run_closer)
                 if self.mount.fleet is not None:
                     await nursery.start(self.mount.fleet.run)

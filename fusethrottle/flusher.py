@@ -116,6 +116,8 @@ class Flusher:
         self._wakeup = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._syncing: set[int] = set()
+        #: Node ids someone waits for the sync of (see let_go), with the event _done sets.
+        self._ended: dict[int, trio.Event] = {}
         self._idle = trio.Event()
         self._idle.set()
         self.fsyncs_total = 0
@@ -166,9 +168,11 @@ class Flusher:
         if nodeid in self._syncing or self._nursery is None:
             return
         inode = self.inodes.get(nodeid)
-        if inode is None:
+        if inode is None or inode.detached:
             self.budget.discard(nodeid)
             return
+        if inode.detaching:
+            return  # its last name is being removed: its data will not need a sync
         state = self.ledger.file(nodeid)
         if reason == "release" and state is not None and state.dirty <= GROUP_SYNC_MAX_BYTES:
             self._mark_busy(nodeid)
@@ -191,6 +195,18 @@ class Flusher:
         """Whether an fsync of the file is queued or running (its descriptor must stay open)."""
         return nodeid in self._syncing
 
+    async def let_go(self, nodeid: int, timeout: float) -> bool:
+        """The file's last name is being removed: drop its queued sync, and wait (at most
+        *timeout*) for a running one to end. True if nothing of the flusher holds it now."""
+        if nodeid in self._group:
+            self._group.remove(nodeid)
+            self._done(nodeid)
+        with trio.move_on_after(timeout):
+            while nodeid in self._syncing:
+                ended = self._ended.setdefault(nodeid, trio.Event())
+                await ended.wait()
+        return nodeid not in self._syncing
+
     def _mark_busy(self, nodeid: int) -> None:
         self._syncing.add(nodeid)
         if self._idle.is_set():
@@ -198,6 +214,9 @@ class Flusher:
 
     def _done(self, nodeid: int) -> None:
         self._syncing.discard(nodeid)
+        ended = self._ended.pop(nodeid, None)
+        if ended is not None:
+            ended.set()
         if not self._syncing:
             self._idle.set()
 
@@ -234,7 +253,7 @@ class Flusher:
                 for nodeid in nodeids:
                     inode = self.inodes.get(nodeid)
                     state = self.ledger.file(nodeid)
-                    if inode is None or state is None or state.dirty == 0:
+                    if inode is None or inode.detached or state is None or state.dirty == 0:
                         # Unlinked or truncated since it was released: nothing left to sync.
                         self.budget.discard(nodeid)
                         self._done(nodeid)

@@ -39,6 +39,8 @@ class Inode:
     key: tuple[int, int]
     mode: int
     lookups: int = 0
+    #: The target's file handle of the object (None: the target has none), see _known.
+    handle: bytes | None = None
     # Negative cache of the security.capability xattr the kernel probes on every write().
     no_capability_until: float = 0.0
     # The file's xattr names as last listed, and until when that list answers "absent".
@@ -70,6 +72,11 @@ class Inode:
     # The kernel's FUSE generation of this node: changed to make the kernel drop a cached
     # inode whose size it would otherwise keep (see Operations._renew_if_changed).
     generation: int = 0
+    # Its last name was removed through the mount and the daemon let go of the object: the
+    # descriptor number now holds a placeholder, and nothing may reach the target through it.
+    detached: bool = False
+    # A removal of its last name is under way (nothing new may take hold of its descriptor).
+    detaching: bool = False
     # What the kernel was last told (or made itself, by writing) of its size and mtime (None:
     # not known, e.g. after our own writes moved the target's mtime).
     shown_size: int | None = None
@@ -129,6 +136,9 @@ class InodeTable:
         self.root_dev = root_st.st_dev
         #: (size, callback): called whenever a registration takes the table past that size.
         self.on_full: tuple[int, Callable[[], None]] | None = None
+        #: (parent node id, name) -> the node the kernel learned under that name (last lookup,
+        #: create or readdirplus): what an unlink or a rename over the name is about to remove.
+        self._names: dict[tuple[int, bytes], Inode] = {}
         #: Node ids whose path must outlive their descriptor (files left incomplete on the
         #: target, named at unmount), and those paths once the descriptor is gone.
         self.keep_path_of: Container[int] = ()
@@ -141,10 +151,15 @@ class InodeTable:
         return len(self._by_id)
 
     def __getitem__(self, nodeid: int) -> Inode:
+        """The node, for a call that reaches the target through it (ESTALE: unknown; ENOENT:
+        its last name was removed and the daemon let go of the object)."""
         try:
-            return self._by_id[nodeid]
+            inode = self._by_id[nodeid]
         except KeyError:
             raise pyfuse3.FUSEError(errno.ESTALE) from None
+        if inode.detached:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return inode
 
     def nodeids(self) -> list[int]:
         return list(self._by_id)
@@ -161,62 +176,127 @@ class InodeTable:
         knows *st* is that object's: an unlink's stat, taken just before it went)."""
         return self._by_key.get((st.st_dev, st.st_ino))
 
-    def _known(self, st: os.stat_result) -> Inode | None:
-        """The registered inode with *st*'s device and inode number, unless that is another
-        object: the file system reuses the number of a deleted file or directory, while the
-        kernel may still hold the old node (it forgets asynchronously). Answering for the new
-        object with the old node would show the kernel a node that changed type (it fails the
-        next stat with EIO) or serve the deleted file's data. The old node keeps its id until
-        the kernel forgets it; the new object gets another. For objects just found by name
-        (lookup, create): those are linked, so a known one with no links left is another."""
+    def _known(self, st: os.stat_result, handle: bytes | None) -> Inode | None:
+        """The registered inode of the object *st* and *handle* describe, unless its device and
+        inode number now name another object.
+
+        A file system gives the number of a deleted file or directory to a new one, and another
+        NFS client may remove an object and make a new one in its place, while the kernel still
+        holds the old node (it forgets asynchronously). Answering for the new object with the
+        old node would show the kernel a node that changed type (it fails the next stat with
+        EIO), serve the deleted file's data, or keep a directory every call of which answers
+        ESTALE (NFS: the old object's handle is stale). The file handle tells the two apart,
+        from what was just looked up, without asking the target (the old object may be gone,
+        and on NFS a stat of it may be answered from a cache that does not know that yet).
+        Where the target has no handles, only a change of file type shows. The old node keeps
+        its id until the kernel forgets it; the new object gets another.
+        """
         key = (st.st_dev, st.st_ino)
         known = self._by_key.get(key)
         if known is None or known.nodeid == ROOT:
             return known
-        try:
-            old = os.fstat(known.path_fd)
-            same = old.st_nlink > 0 and stat.S_IFMT(old.st_mode) == stat.S_IFMT(st.st_mode)
-        except OSError:
-            same = False
+        if handle is not None and known.handle is not None:
+            same = handle == known.handle
+        else:
+            same = stat.S_IFMT(known.mode) == stat.S_IFMT(st.st_mode)
         if same:
             return known
         del self._by_key[key]
         return None
 
-    def nodeid_for(self, st: os.stat_result) -> int:
+    def nodeid_for(self, st: os.stat_result, handle: bytes | None = None) -> int:
         """The node id this backing object has, or would get if registered now."""
-        known = self._known(st)
+        known = self._known(st, handle)
         if known is not None:
             return known.nodeid
-        if (
-            st.st_dev == self.root_dev
-            and 1 < st.st_ino < _PRIVATE_BASE
-            and (st.st_ino not in self._by_id)
-        ):
-            return st.st_ino
+        if st.st_dev == self.root_dev and 1 < st.st_ino < _PRIVATE_BASE:
+            holder = self._by_id.get(st.st_ino)
+            if holder is None or self._reusable(holder):
+                return st.st_ino
         while self._next_private in self._by_id:
             self._next_private += 1
         return self._next_private
 
-    def register(self, path_fd: int, st: os.stat_result) -> Inode:
+    @staticmethod
+    def _reusable(holder: Inode) -> bool:
+        """Whether a node's id may go to a new object with its inode number: its own object is
+        gone (let go of at its last unlink) and nothing of the daemon's needs it. The target
+        gives a deleted file's number to the next new one, often while the kernel still holds
+        the old node (until it forgets it); a new generation tells the kernel that the id now
+        names another object (it makes its old inode bad and starts a new one), so stat
+        through the mount keeps showing the target's inode number."""
+        return holder.detached and holder.open_handles == 0 and not holder.detaching
+
+    def generation_for(self, nodeid: int) -> int:
+        """The generation an entry for *nodeid* carries (see _reusable)."""
+        holder = self._by_id.get(nodeid)
+        if holder is None:
+            return 0
+        return holder.generation + 1 if self._reusable(holder) else holder.generation
+
+    def register(self, path_fd: int, st: os.stat_result, handle: bytes | None = None) -> Inode:
         """Count one kernel reference to the object *path_fd* refers to.
 
         Takes ownership of *path_fd*: if the object is already known, the new descriptor is
         closed and the existing inode is returned.
         """
         key = (st.st_dev, st.st_ino)
-        known = self._known(st)
+        known = self._known(st, handle)
         if known is not None:
             os.close(path_fd)
             known.lookups += 1
             known.mode = st.st_mode
             return known
-        inode = Inode(self.nodeid_for(st), path_fd, key, st.st_mode, 1)
+        nodeid = self.nodeid_for(st, handle)
+        inode = Inode(nodeid, path_fd, key, st.st_mode, 1, handle)
+        old = self._by_id.get(nodeid)
+        if old is not None:  # the id of an object that is gone: _reusable
+            inode.lookups += old.lookups  # the kernel forgets the old one's references too
+            inode.generation = old.generation + 1
+            if self._names.get((old.entry_parent, old.entry_name)) is old:
+                del self._names[(old.entry_parent, old.entry_name)]
+            os.close(old.path_fd)  # the placeholder it was left with
         self._by_id[inode.nodeid] = inode
         self._by_key[key] = inode
         if self.on_full is not None and len(self._by_id) > self.on_full[0]:
             self.on_full[1]()
         return inode
+
+    # --- names ---------------------------------------------------------------------------
+    def name(self, inode: Inode, parent: int, name: bytes) -> None:
+        """The kernel learned *inode* as *name* in *parent*."""
+        inode.entry_parent, inode.entry_name = parent, name
+        self._names[(parent, name)] = inode
+
+    def named(self, parent: int, name: bytes) -> Inode | None:
+        """The live node the kernel knows as *name* in *parent*, if any."""
+        inode = self._names.get((parent, name))
+        if inode is None:
+            return None
+        if self._by_id.get(inode.nodeid) is not inode or inode.detached:
+            del self._names[(parent, name)]
+            return None
+        return inode
+
+    def unname(self, parent: int, name: bytes) -> None:
+        """*name* in *parent* is gone (unlinked, removed, or renamed away)."""
+        self._names.pop((parent, name), None)
+
+    def renamed(
+        self, old_parent: int, old: bytes, new_parent: int, new: bytes, exchange: bool
+    ) -> None:
+        moved = self._names.pop((old_parent, old), None)
+        other = self._names.pop((new_parent, new), None)
+        if moved is not None:
+            self.name(moved, new_parent, new)
+        if exchange and other is not None:
+            self.name(other, old_parent, old)
+
+    def retire(self, inode: Inode) -> None:
+        """*inode*'s object is gone from the target: a new object with its inode number is
+        another node (the kernel may still hold this one until it forgets it)."""
+        if self._by_key.get(inode.key) is inode:
+            del self._by_key[inode.key]
 
     def forget(self, nodeid: int, count: int) -> Inode | None:
         """Drop *count* kernel references; returns the inode if it is now unreferenced.
@@ -242,16 +322,21 @@ class InodeTable:
             del self._by_id[inode.nodeid]
         if self._by_key.get(inode.key) is inode:
             del self._by_key[inode.key]
+        if self._names.get((inode.entry_parent, inode.entry_name)) is inode:
+            del self._names[(inode.entry_parent, inode.entry_name)]
+        if inode.detaching:
+            return  # an abandoned removal's thread still owns the descriptor (ops._let_go)
         os.close(inode.path_fd)
 
     def path(self, nodeid: int) -> str:
         """Where the object is on the target now (for a log line)."""
         inode = self._by_id.get(nodeid)
-        known = _fd_path(inode.path_fd) if inode is not None else None
+        known = _fd_path(inode.path_fd) if inode is not None and not inode.detached else None
         return known or self.dropped_paths.get(nodeid, f"inode {nodeid} (name unknown)")
 
     def close_all(self) -> None:
         for inode in list(self._by_id.values()):
-            if inode.nodeid != ROOT:
+            if inode.nodeid != ROOT and not inode.detaching:
                 os.close(inode.path_fd)
         self._by_id = {ROOT: self._by_id[ROOT]}
+        self._names.clear()

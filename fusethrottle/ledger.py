@@ -217,6 +217,21 @@ class Ledger:
             state.retry_after = now + backoff
         self._gc(state)
 
+    def abandon_sync(self, ticket: SyncTicket) -> None:
+        """Nobody waits for the fsync of *ticket* any more (its caller was killed): its bytes
+        are dirty again, as before it began, with no error and no backoff."""
+        state = self._state(ticket.nodeid)
+        covered = min(ticket.nbytes, state.syncing)
+        state.syncing -= covered
+        if state.syncing == 0:
+            state.syncing_since = None
+        state.dirty += covered
+        since = ticket.since
+        earlier = state.dirty_since is None or (since is not None and since < state.dirty_since)
+        if covered and since is not None and earlier:
+            state.dirty_since = since
+        self._gc(state)
+
     def take_error(self, nodeid: int) -> int | None:
         """The pending fsync error for the file, reported once (errseq-style)."""
         state = self.files.get(nodeid)

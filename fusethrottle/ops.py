@@ -19,13 +19,14 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyfuse3
 import trio
 
+from . import _libc
 from .backend import Backend
 from .budget import WriteBudget
 from .ceilings import Ceilings
@@ -34,9 +35,10 @@ from .events import Events, NullEvents
 from .flusher import Flusher
 from .init_flags import KillprivV2
 from .inodes import Inode, InodeTable
+from .killable import KillWatch
 from .loglimit import LogLimiter
 from .meter import METADATA_CLASS, OpClass
-from .target_calls import Created
+from .target_calls import Created, LetGo
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,9 @@ _ERRNO_LOG_INTERVAL = 10.0
 _LISTED_NAMESPACES = (b"user.", b"security.", b"trusted.", b"system.posix_acl_")
 # Fresh directory attributes kept at most (expired ones are dropped when it fills).
 _DIR_ATTRS_MAX = 4096
+#: Longest an unlink (or a rename over a file) waits for a running background fsync of the
+#: file it removes: that fsync's own descriptor keeps the file (see _let_go).
+LET_GO_WAIT = 2.0
 
 
 @dataclass(eq=False)
@@ -60,6 +65,9 @@ class FileHandle:
     direct: bool
     #: Who opened it: reads, writes and fsyncs of the handle run as them.
     caller: Caller | None = None
+    #: The opener's thread id: the kernel does not say who reads or writes through a handle,
+    #: so a request through it counts as the opener's (see killable.py).
+    pid: int = 0
 
 
 @dataclass(eq=False)
@@ -68,6 +76,7 @@ class DirHandle:
     inode: Inode
     caller: Caller | None = None
     names: list[bytes] | None = None
+    pid: int = 0
 
 
 class _ErrorLog:
@@ -104,32 +113,55 @@ class _ErrorLog:
         log.warning("target error in %s (%s): %s", op, detail, os.strerror(err))
 
 
+@contextlib.contextmanager
+def _let_go_races(node: Inode) -> Iterator[None]:
+    """A call through a node whose last name was removed meanwhile (its descriptor now points
+    at a placeholder, see ops._let_go) fails as for a removed file: ENOENT."""
+    try:
+        yield
+    except OSError:
+        if node.detaching or node.detached:
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
+        raise
+
+
+#: Requests that name a file or directory handle (first argument) rather than a node.
+_HANDLE_OPS = frozenset(
+    {"read", "write", "flush", "release", "fsync", "readdir", "releasedir", "fsyncdir"}
+)
+
+
 def _replies(fn: F) -> F:
-    """Every handler ends in a reply or a FUSEError, whatever happens inside it."""
+    """Every handler ends in a reply or a FUSEError, whatever happens inside it; a request
+    whose caller is being killed is answered EINTR at once (killable.py)."""
     op = fn.__name__
 
     charged = METADATA_CLASS.get(op)
+    by_handle = op in _HANDLE_OPS
 
     @functools.wraps(fn)
     async def handler(self: Operations, *args: Any) -> Any:
         self.requests_total += 1
         self.events.operation(op)
-        try:
-            if charged is not None and self.ceilings is not None:
-                await self.ceilings.wait(charged, 0)
-            return await fn(self, *args)
-        except pyfuse3.FUSEError:
-            raise
-        except OSError as err:
-            code = err.errno or errno.EIO
-            self.events.target_error(op, code)
-            self._errors.report(op, code, _describe(args, op))
-            raise pyfuse3.FUSEError(code) from None
-        except trio.Cancelled:
-            raise
-        except Exception:
-            log.exception("internal error in %s%s; answered EIO", op, _describe(args, op))
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        with self.kills.request(self._caller_tid(args, by_handle)):
+            try:
+                if charged is not None and self.ceilings is not None:
+                    await self.ceilings.wait(charged, 0)
+                return await fn(self, *args)
+            except pyfuse3.FUSEError:
+                raise
+            except OSError as err:
+                code = err.errno or errno.EIO
+                self.events.target_error(op, code)
+                self._errors.report(op, code, _describe(args, op))
+                raise pyfuse3.FUSEError(code) from None
+            except trio.Cancelled:
+                raise
+            except Exception:
+                log.exception("internal error in %s%s; answered EIO", op, _describe(args, op))
+                raise pyfuse3.FUSEError(errno.EIO) from None
+        # Only a cancelled request gets here: its caller is being killed.
+        raise pyfuse3.FUSEError(errno.EINTR)
 
     return handler  # type: ignore[return-value]
 
@@ -204,13 +236,14 @@ class Operations(pyfuse3.Operations):
         self._errors = _ErrorLog()
         self._uid = os.geteuid()
         self._gid = os.getegid()
+        #: Answers the requests of callers that are being killed (run by the daemon).
+        self.kills = KillWatch()
 
     # --- helpers ---------------------------------------------------------------------------
     def _attr(self, nodeid: int, st: os.stat_result) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = nodeid
-        node = self.inodes.get(nodeid)
-        attr.generation = node.generation if node is not None else 0
+        attr.generation = self.inodes.generation_for(nodeid)
         attr.entry_timeout = self.attr_timeout
         attr.attr_timeout = self.attr_timeout
         attr.st_mode = st.st_mode
@@ -239,8 +272,8 @@ class Operations(pyfuse3.Operations):
         its size from this reply (not so for a hard link, which names an inode the kernel may
         hold already); *renew*: a lookup, which may hand the kernel a new generation (see
         _renew_if_changed)."""
-        inode = self.inodes.register(created.path_fd, created.st)
-        inode.entry_parent, inode.entry_name = parent, name
+        inode = self.inodes.register(created.path_fd, created.st, created.handle)
+        self.inodes.name(inode, parent, name)
         if renew:
             shown = self._renew_if_changed(inode, created.st)
         if shown:
@@ -278,6 +311,16 @@ class Operations(pyfuse3.Operations):
         if self.callers.switching or (ctx.uid == self._uid and ctx.gid == self._gid):
             return None
         return ctx.uid, ctx.gid
+
+    def _caller_tid(self, args: tuple[Any, ...], by_handle: bool) -> int:
+        """Whose request this is (0: nobody the daemon can tell)."""
+        if by_handle:
+            if not args or not isinstance(args[0], int):
+                return 0
+            handle = self.files.get(args[0]) or self.dirs.get(args[0])
+            return handle.pid if handle is not None else 0
+        pid = getattr(args[-1], "pid", 0) if args else 0
+        return pid if isinstance(pid, int) else 0
 
     def _new_fh(self) -> int:
         fh = self._next_fh
@@ -379,6 +422,9 @@ class Operations(pyfuse3.Operations):
         chose for everything else the kernel caches.
         """
         self._refuse_when_closing()
+        gone = self.inodes.get(inode)
+        if gone is not None and gone.detached and gone.removed is not None:
+            return self._attr(inode, gone.removed)  # unlinked: nobody can see it change
         node = self.inodes[inode]
         fresh = self._dir_attrs.get(node.key)
         if (
@@ -390,13 +436,19 @@ class Operations(pyfuse3.Operations):
             and stat.S_IFMT(fresh[0].st_mode) == stat.S_IFMT(node.mode)
         ):
             return self._attr(inode, fresh[0])
-        return self._attr(inode, await self.backend.stat(self.callers.of(ctx), node.path_fd))
+        st = await self.backend.stat(self.callers.of(ctx), node.path_fd)
+        if (node.detaching or node.detached) and stat.S_IFMT(st.st_mode) != stat.S_IFMT(node.mode):
+            raise pyfuse3.FUSEError(errno.ENOENT)  # let go of while this stat ran
+        return self._attr(inode, st)
 
     @_replies
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> Any:
+        handle = self.files.get(fh) if fh is not None else None
+        gone = self.inodes.get(inode)
+        if gone is not None and gone.detached and gone.removed is not None and handle is None:
+            return self._attr(inode, gone.removed)  # see the times-only case below
         node = self.inodes[inode]
         self._dir_attrs.pop(node.key, None)
-        handle = self.files.get(fh) if fh is not None else None
         size = attr.st_size if fields.update_size else None
         times_only = not (
             fields.update_size or fields.update_mode or fields.update_uid or fields.update_gid
@@ -452,11 +504,61 @@ class Operations(pyfuse3.Operations):
         )
         return self._entry(created, parent_inode, name)
 
+    async def _let_go(self, parent: int, name: bytes) -> tuple[Inode, LetGo] | None:
+        """Prepare to let go of the file known as *name* in *parent*, about to be removed.
+
+        Whatever the daemon holds of a file keeps it on the target after its last name is
+        gone: its space stays allocated, and on NFS the removal becomes a ``.nfsXXXXXXXX``
+        silly rename (and an ``rm -rf`` then fails its rmdir with ENOTEMPTY). Nothing does any
+        more once the name is removed, unless the file is open through the mount (then NFS
+        itself keeps it, as without fusethrottle, until the last close: see release). So its
+        un-synced data is let go of, its queued background sync dropped (a running one is
+        waited for, at most LET_GO_WAIT), and its descriptors are handed to the removal, which
+        lets go of them if the name is the file's last link (target_calls.LetGo).
+        """
+        node = self.inodes.named(parent, name)
+        if node is None or node.open_handles > 0 or node.detaching or stat.S_ISDIR(node.mode):
+            return None
+        node.detaching = True
+        try:
+            free = await self.flusher.let_go(node.nodeid, LET_GO_WAIT)
+        finally:
+            node.detaching = False
+        if not free or node.open_handles > 0 or node.detaching:
+            return None
+        node.detaching = True
+        return node, LetGo(node.key, node.path_fd, self.backend.take_closes(node.nodeid))
+
+    def _let_go_done(
+        self, held: tuple[Inode, LetGo] | None, removed: os.stat_result | None
+    ) -> None:
+        """The removal's thread call ended (it closed the queued descriptors either way)."""
+        if held is None:
+            return
+        node, let_go = held
+        node.detaching = False
+        if let_go.done:
+            node.detached = True
+            node.removed = removed
+            self.inodes.retire(node)
+            self.budget.discard(node.nodeid)
+
     @_replies
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         parent = self.inodes[parent_inode]
-        st = await self.backend.unlink(self.callers.of(ctx), parent.path_fd, name)
-        node = self.inodes.find(st)
+        held = await self._let_go(parent_inode, name)
+        try:
+            st = await self.backend.unlink(
+                self.callers.of(ctx), parent.path_fd, name, held[1] if held else None
+            )
+        except trio.Cancelled:
+            raise  # abandoned: its thread owns the descriptors now (the node stays detaching)
+        except BaseException:
+            self._let_go_done(held, None)
+            raise
+        self.inodes.unname(parent_inode, name)
+        self._let_go_done(held, st)
+        node = self.inodes.find(st) if held is None else held[0]
         if node is not None and st.st_nlink <= 1:
             # The last name went: its data needs no fsync any more.
             node.removed = st
@@ -465,6 +567,7 @@ class Operations(pyfuse3.Operations):
     @_replies
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         await self.backend.rmdir(self.callers.of(ctx), self.inodes[parent_inode].path_fd, name)
+        self.inodes.unname(parent_inode, name)
 
     @_replies
     async def rename(
@@ -478,17 +581,34 @@ class Operations(pyfuse3.Operations):
     ) -> None:
         old = self.inodes[parent_inode_old]
         new = self.inodes[parent_inode_new]
-        await self.backend.rename(
-            self.callers.of(ctx), old.path_fd, name_old, new.path_fd, name_new, flags
-        )
+        exchange = bool(flags & _libc.RENAME_EXCHANGE)
+        held = None if exchange else await self._let_go(parent_inode_new, name_new)
+        try:
+            await self.backend.rename(
+                self.callers.of(ctx),
+                old.path_fd,
+                name_old,
+                new.path_fd,
+                name_new,
+                flags,
+                held[1] if held else None,
+            )
+        except trio.Cancelled:
+            raise  # abandoned: its thread owns the descriptors now (the node stays detaching)
+        except BaseException:
+            self._let_go_done(held, None)
+            raise
+        self._let_go_done(held, None)
+        self.inodes.renamed(parent_inode_old, name_old, parent_inode_new, name_new, exchange)
 
     @_replies
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
         node = self.inodes[inode]
         parent = self.inodes[new_parent_inode]
-        created = await self.backend.link(
-            self.callers.of(ctx), node.path_fd, parent.path_fd, new_name
-        )
+        with _let_go_races(node):
+            created = await self.backend.link(
+                self.callers.of(ctx), node.path_fd, parent.path_fd, new_name
+            )
         return self._entry(created, new_parent_inode, new_name, shown=False)
 
     @_replies
@@ -570,10 +690,11 @@ class Operations(pyfuse3.Operations):
 
     # --- files -----------------------------------------------------------------------------
     def _file_info(
-        self, fd: int, inode: Inode, flags: int, caller: Caller | None
+        self, fd: int, inode: Inode, flags: int, caller: Caller | None, ctx: Any
     ) -> pyfuse3.FileInfo:
         fh = self._new_fh()
-        self.files[fh] = FileHandle(fd, inode, flags, bool(flags & os.O_DIRECT), caller)
+        pid = getattr(ctx, "pid", 0)
+        self.files[fh] = FileHandle(fd, inode, flags, bool(flags & os.O_DIRECT), caller, pid)
         inode.open_handles += 1
         if flags & os.O_ACCMODE != os.O_RDONLY:
             inode.writer = caller  # background fsyncs run as the last one to open it for writing
@@ -583,17 +704,31 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: Any = None) -> Any:
         self._refuse_when_closing()
         node = self.inodes[inode]
+        wanted = flags
         flags = self._open_flags(flags)
         check = self._drop_capabilities and flags & os.O_ACCMODE != os.O_RDONLY
         caller = self.callers.of(ctx)
-        fd, has_capability = await self.backend.open(caller, node.path_fd, flags, check)
+        # The writeback cache opens write-only files for reading too; a caller who may write a
+        # file but not read it gets its own write-only open, with the page cache bypassed for
+        # this handle (the kernel would read pages through it to fill partial writes).
+        write_only = None
+        if wanted & os.O_ACCMODE == os.O_WRONLY and flags & os.O_ACCMODE == os.O_RDWR:
+            write_only = (flags & ~os.O_ACCMODE) | os.O_WRONLY
+        with _let_go_races(node):
+            fd, has_capability, fell_back = await self.backend.open(
+                caller, node.path_fd, flags, check, write_only
+            )
         if has_capability:
             node.capability_to_drop = True
         if flags & os.O_TRUNC:
             self.budget.discard(inode)
             node.shown_size = 0
             node.shown_mtime_ns = None
-        return self._file_info(fd, node, flags, caller)
+        if fell_back:
+            info = self._file_info(fd, node, os.O_WRONLY, caller, ctx)
+            info.direct_io = True
+            return info
+        return self._file_info(fd, node, flags, caller, ctx)
 
     @_replies
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
@@ -608,7 +743,7 @@ class Operations(pyfuse3.Operations):
         node = self.inodes[attr.st_ino]
         # A file this call created carries no capability: no need to ask the target on write.
         node.no_capability_until = trio.current_time() + _CAPABILITY_TTL
-        return self._file_info(fd, node, flags, caller), attr
+        return self._file_info(fd, node, flags, caller, ctx), attr
 
     @_replies
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -701,11 +836,22 @@ class Operations(pyfuse3.Operations):
         handle = self.files.pop(fh, None)
         if handle is None:
             return
-        handle.inode.open_handles -= 1
-        self.backend.close_soon(handle.fd)
-        nodeid = handle.inode.nodeid
-        if self.ledger.released(nodeid) and self.flusher.inject:
-            self.flusher.start(nodeid, "release")
+        node = handle.inode
+        node.open_handles -= 1
+        if node.removed is not None and node.open_handles == 0 and not node.detached:
+            # Unlinked while open: its data needs no sync, and on NFS the file lives on as a
+            # .nfsXXXXXXXX while anything holds it. Let go of it now, as NFS does at the last
+            # close (the kernel may keep the node until it forgets it).
+            self.budget.discard(node.nodeid)
+            if await self.flusher.let_go(node.nodeid, LET_GO_WAIT):
+                node.detached = True
+                self.inodes.retire(node)
+                closes = [handle.fd, *self.backend.take_closes(node.nodeid)]
+                await self.backend.let_go(node.path_fd, closes)
+                return
+        self.backend.close_soon(handle.fd, node.nodeid)
+        if self.ledger.released(node.nodeid) and self.flusher.inject:
+            self.flusher.start(node.nodeid, "release")
 
     @_replies
     async def fsync(self, fh: int, datasync: bool) -> None:
@@ -722,6 +868,11 @@ class Operations(pyfuse3.Operations):
             self.ledger.take_error(nodeid)
             self.events.fsync("application", trio.current_time() - start, ticket.nbytes, err.errno)
             raise
+        except trio.Cancelled:
+            # The caller is being killed: its data is as un-synced as before, and the flusher's
+            # to sync (the abandoned fsync may still finish; then that one is merely early).
+            self.budget.abandon_sync(ticket)
+            raise
         self.budget.end_sync(ticket, None, trio.current_time())
         self.events.fsync("application", trio.current_time() - start, ticket.nbytes, None)
         self._raise_pending(nodeid)
@@ -733,7 +884,7 @@ class Operations(pyfuse3.Operations):
         caller = self.callers.of(ctx)
         fd = await self.backend.opendir(caller, node.path_fd)
         fh = self._new_fh()
-        self.dirs[fh] = DirHandle(fd, node, caller)
+        self.dirs[fh] = DirHandle(fd, node, caller, pid=getattr(ctx, "pid", 0))
         return fh
 
     @_replies
@@ -756,9 +907,9 @@ class Operations(pyfuse3.Operations):
                 if created.path_fd < 0:  # "." or ".."
                     nodeid = self._dot_nodeid(handle.inode, name, created.st)
                 else:
-                    nodeid = self.inodes.nodeid_for(created.st)
+                    nodeid = self.inodes.nodeid_for(created.st, created.handle)
                     known = self.inodes.get(nodeid)
-                    if known is not None:
+                    if known is not None and not known.detached:
                         shown = self._renew_if_changed(known, created.st)
                 attr = self._attr(nodeid, created.st)
                 if not pyfuse3.readdir_reply(token, name, attr, next_index):
@@ -768,8 +919,8 @@ class Operations(pyfuse3.Operations):
                     return
                 if created.path_fd >= 0:
                     # readdirplus: the kernel now holds a reference, exactly as after lookup().
-                    node = self.inodes.register(created.path_fd, created.st)
-                    node.entry_parent, node.entry_name = handle.inode.nodeid, name
+                    node = self.inodes.register(created.path_fd, created.st, created.handle)
+                    self.inodes.name(node, handle.inode.nodeid, name)
                     if shown:
                         node.show(created.st)
             index = batch[-1][0]

@@ -11,8 +11,9 @@ import contextlib
 import errno
 import mmap
 import os
+import socket
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import _libc
@@ -29,19 +30,147 @@ def proc_path(fd: int) -> bytes:
 
 @dataclass(frozen=True)
 class Created:
-    """A newly created or looked-up object: an O_PATH fd for the inode table plus its stat."""
+    """A newly created or looked-up object: an O_PATH fd for the inode table plus its stat,
+    and its file handle (None where the target has none), which tells it from an object that
+    had its inode number before (see inodes.py)."""
 
     path_fd: int
     st: os.stat_result
+    handle: bytes | None = None
 
 
 def _lookup(dir_fd: int, name: bytes) -> Created:
     fd = os.open(name, O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
-        return Created(fd, os.fstat(fd))
+        return Created(fd, os.fstat(fd), _libc.file_handle(fd))
     except BaseException:
         os.close(fd)
         raise
+
+
+def close_created(created: Created) -> None:
+    """Give back what a lookup or create made, when nobody takes it any more (its caller gave
+    up waiting: see WorkerPool.run's *discard*)."""
+    if created.path_fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(created.path_fd)
+
+
+# --- letting go of a file before its last name is removed -----------------------------------
+def point_at_placeholder(fd: int) -> None:
+    """Replace what *fd* refers to with an unbound socket, keeping the number: it is then not
+    reused by another open while the event loop still holds it; anything that reaches through
+    it by mistake touches nothing on the target, and a reopen through /proc fails (ENXIO)
+    instead of opening something else."""
+    placeholder = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        os.dup2(placeholder.fileno(), fd)
+    finally:
+        placeholder.close()
+
+
+@dataclass
+class LetGo:
+    """What the daemon holds of a file whose name is about to be removed (unlink, rename over
+    it): its O_PATH descriptor and the released descriptors waiting to be closed.
+
+    On NFS, a file unlinked or renamed over while anything in the client still references it
+    is not removed but renamed to ``.nfsXXXXXXXX`` ("silly rename") until the last reference
+    goes; on any target its space stays allocated until then. So when the name is the file's
+    last link, these are let go of just before the removal, in the same thread: the O_PATH
+    descriptor's number is pointed at a placeholder (dup2, so the number is not reused while
+    the event loop still holds it), the released ones are closed.
+    """
+
+    key: tuple[int, int]
+    path_fd: int
+    closes: list[int] = field(default_factory=list)
+    #: Set by the call: the object was let go of (its name was the last and is gone).
+    done: bool = False
+
+    def applies_to(self, st: os.stat_result) -> bool:
+        return (st.st_dev, st.st_ino) == self.key and st.st_nlink <= 1
+
+    def release(self) -> None:
+        point_at_placeholder(self.path_fd)
+        _close_all(self.closes)
+        self.closes = []
+
+    def restore(self, dir_fd: int, name: bytes) -> None:
+        """The removal failed: hold the object again (by the name it still has)."""
+        with contextlib.suppress(OSError):
+            fd = os.open(name, O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == self.key:
+                    os.dup2(fd, self.path_fd)
+                    return
+            finally:
+                os.close(fd)
+        self.done = True  # gone after all (or replaced): nothing to hold
+
+
+def _unlink(dir_fd: int, name: bytes, let_go: LetGo | None) -> os.stat_result:
+    """Remove *name*; returns what it was (so the caller knows whether the last link went).
+    With *let_go*, what the daemon holds of that file is let go of first if this is its last
+    link (see LetGo); its queued descriptors are closed whatever happens."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if let_go is None or not let_go.applies_to(st):
+            os.unlink(name, dir_fd=dir_fd)
+            return st
+        let_go.release()
+        let_go.done = True
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except OSError:
+            let_go.done = False
+            let_go.restore(dir_fd, name)
+            raise
+        return st
+    finally:
+        if let_go is not None:
+            _close_all(let_go.closes)
+            let_go.closes = []
+
+
+def _rename(
+    old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int, let_go: LetGo | None
+) -> None:
+    """rename(2) (renameat2 with *flags*); with *let_go*, what the daemon holds of the file the
+    rename replaces is let go of first (see LetGo); its queued descriptors are closed whatever
+    happens."""
+
+    def rename() -> None:
+        if flags:
+            _libc.renameat2(old_dir, old, new_dir, new, flags)
+        else:
+            os.rename(old, new, src_dir_fd=old_dir, dst_dir_fd=new_dir)
+
+    try:
+        if let_go is None:
+            rename()
+            return
+        try:
+            replaced = os.stat(new, dir_fd=new_dir, follow_symlinks=False)
+        except FileNotFoundError:
+            rename()
+            return
+        if not let_go.applies_to(replaced):
+            rename()
+            return
+        let_go.release()
+        let_go.done = True
+        try:
+            rename()
+        except OSError:
+            let_go.done = False
+            let_go.restore(new_dir, new)
+            raise
+    finally:
+        if let_go is not None:
+            _close_all(let_go.closes)
+            let_go.closes = []
 
 
 def _needs_chown(st: os.stat_result, uid: int, gid: int) -> tuple[int, int]:
@@ -106,7 +235,7 @@ def _create_file(
     except BaseException:
         os.close(fd)
         raise
-    return fd, Created(path_fd, st)
+    return fd, Created(path_fd, st, _libc.file_handle(path_fd))
 
 
 def _make(
@@ -129,11 +258,30 @@ def _make(
         if err.errno != errno.EPERM:
             raise
         st = created.st  # target refuses chown (e.g. NFS root_squash): keep what it made
-    return Created(created.path_fd, st)
+    return Created(created.path_fd, st, created.handle)
 
 
 def _reopen(path_fd: int, flags: int) -> int:
     return os.open(proc_path(path_fd), (flags & ~_REOPEN_STRIP) | os.O_CLOEXEC)
+
+
+def _open_file(
+    path_fd: int, flags: int, write_only: int | None, check_capability: bool
+) -> tuple[int, bool, bool]:
+    """Open a file for I/O: (fd, whether it has a file capability, whether *write_only* was
+    used). *write_only*: the caller's own write-only flags, tried when the target refuses
+    *flags* (read and write, which the writeback cache needs) because the caller may write the
+    file but not read it (mode 0277, say): the target checks as the caller (credentials.py),
+    and the caller's own open must succeed as it would without fusethrottle."""
+    try:
+        fd = _reopen(path_fd, flags)
+        fell_back = False
+    except PermissionError:
+        if write_only is None:
+            raise
+        fd = _reopen(path_fd, write_only)
+        fell_back = True
+    return fd, check_capability and _has_capability(fd), fell_back
 
 
 def _setattr(

@@ -9,8 +9,9 @@ trio 0.22. What stays is what the daemon relies on:
 
 * at most ``size`` threads per pool; more calls queue (a hung NFS server fills one pool, and
   the others, and the event loop, keep going);
-* a cancelled caller (unmount giving up on a hung target) returns at once and leaves its thread
-  behind; whatever that thread returns later is dropped;
+* a cancelled caller (unmount giving up on a hung target, a caller being killed) returns at once
+  and leaves its thread behind; whatever that thread returns later is given to the call's
+  *discard* (in a thread: it may close descriptors of the target) or dropped;
 * an exception in the call is raised in the caller;
 * a thread idle for ``idle_seconds`` ends, so the count follows recent concurrency rather
   than the highest ever seen (a burst of a long backup would otherwise keep its threads).
@@ -21,6 +22,7 @@ are guarded by one lock, held for a few instructions.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -33,7 +35,7 @@ T = TypeVar("T")
 
 
 class _Job:
-    __slots__ = ("abandoned", "args", "fn", "task", "token")
+    __slots__ = ("abandoned", "args", "discard", "fn", "task", "token")
 
     def __init__(
         self,
@@ -41,18 +43,31 @@ class _Job:
         args: tuple[Any, ...],
         task: Any,
         token: trio.lowlevel.TrioToken,
+        discard: Callable[[Any], None] | None,
     ) -> None:
         self.fn = fn
         self.args = args
         self.task = task
         self.token = token
+        self.discard = discard
         self.abandoned = False
+
+
+def _give_back(job: _Job, result: outcome.Outcome) -> None:
+    """What an abandoned call made (descriptors): to its *discard*, in this thread."""
+    if job.discard is not None and isinstance(result, outcome.Value):
+        # Nobody to tell if it fails; a worker must never end over it.
+        with contextlib.suppress(Exception):
+            job.discard(result.value)
 
 
 def _deliver(job: _Job, result: outcome.Outcome) -> None:
     """On the event loop: hand the result to the caller, unless it gave up waiting."""
     if not job.abandoned:
         trio.lowlevel.reschedule(job.task, result)
+    elif job.discard is not None and isinstance(result, outcome.Value):
+        # Gave up after the worker looked: give it back from a thread of its own (rare).
+        threading.Thread(target=_give_back, args=(job, result), daemon=True).start()
 
 
 class WorkerPool:
@@ -74,10 +89,15 @@ class WorkerPool:
     def threads(self) -> int:
         return self._threads
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` in a worker thread; a cancelled caller abandons the thread."""
+    async def run(
+        self, fn: Callable[..., T], *args: Any, discard: Callable[[T], None] | None = None
+    ) -> T:
+        """Run ``fn(*args)`` in a worker thread; a cancelled caller abandons the thread, and
+        what the call returns after that goes to *discard*."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        job = _Job(fn, args, trio.lowlevel.current_task(), trio.lowlevel.current_trio_token())
+        job = _Job(
+            fn, args, trio.lowlevel.current_task(), trio.lowlevel.current_trio_token(), discard
+        )
         with self._lock:
             self._queued += 1
             start = self._idle < self._queued and self._threads < self.size
@@ -117,6 +137,9 @@ class WorkerPool:
             if job.abandoned:  # cancelled before it started: nobody waits for it
                 continue
             result = outcome.capture(job.fn, *job.args)
+            if job.abandoned:
+                _give_back(job, result)
+                continue
             try:
                 job.token.run_sync_soon(_deliver, job, result)
             except trio.RunFinishedError:

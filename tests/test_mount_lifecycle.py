@@ -28,6 +28,7 @@ from mount_util import (
     command_for_other_users,
     fusermount_unmount,
     mounted,
+    status_json,
     wait_for,
 )
 
@@ -560,3 +561,51 @@ def test_hung_target_freezes_only_the_paths_into_it(
     problems = [line for line in ft.log().splitlines() if re.search(r"WARNING|ERROR", line)]
     assert all("stuck" in line for line in problems), problems
     ft.expect_log_problems = True
+
+
+@pytest.mark.parametrize("call", ["stat", "ls", "cat", "create"])
+def test_a_process_waiting_on_a_hung_target_can_be_killed(
+    make_memfs: Callable[[str], tuple[Daemon, Path]],
+    make_mount: MakeMount,
+    workdir: Path,
+    call: str,
+) -> None:
+    """On a hard NFS mount whose server is gone a process still dies on SIGKILL (or on a
+    SIGTERM it does not handle): NFS sleeps killable. Through a FUSE mount the kernel holds the
+    caller of a request the daemon has read until the daemon answers, so ``kill -9`` of a
+    backup stuck on the hung target did nothing. The daemon answers the request of a caller
+    that is being killed (EINTR): it dies as on NFS, and the mount keeps serving."""
+    backing = workdir / "backing"
+    (backing / "ok").mkdir(parents=True)
+    (backing / "hung").mkdir()
+    frozen, _ = make_memfs("backing/hung")
+    (frozen.mountpoint / "file").write_text("in the hung subtree")
+    (frozen.mountpoint / "dir").mkdir()
+    ft = make_mount(source=backing, name="top")
+    hung = ft.mountpoint / "hung"
+    assert hung.is_dir()
+    command = {
+        "stat": ["stat", str(hung / "never-seen")],
+        "ls": ["ls", str(hung / "dir")],
+        "cat": ["cat", str(hung / "file")],
+        "create": ["dd", "if=/dev/zero", f"of={hung / 'new'}", "count=1", "conv=fsync"],
+    }[call]
+    frozen.signal(signal.SIGSTOP)
+    frozen.stopped = True
+    victim = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    time.sleep(2.0)
+    assert victim.poll() is None  # stuck, as on the dead server itself
+    victim.kill()
+    try:
+        victim.wait(20)
+    except subprocess.TimeoutExpired:
+        wchan = Path(f"/proc/{victim.pid}/wchan").read_text()
+        frozen.signal(signal.SIGCONT)  # let it go, or the test run hangs on it
+        victim.wait(60)
+        pytest.fail(f"SIGKILL did not end a process waiting on the hung target ({wchan})")
+    assert victim.returncode == -signal.SIGKILL
+    # The daemon, and every path outside the hung subtree, kept serving.
+    assert answers(["ls", str(ft.mountpoint / "ok")]).returncode == 0
+    assert status_json(ft.mountpoint)

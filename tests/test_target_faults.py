@@ -294,3 +294,39 @@ def test_an_unmount_that_leaves_data_off_the_target_exits_1_naming_each_file(
     assert f"not on the target: {source / 'big.bin'} (No space left on device)" in daemon.log()
     assert named(daemon, "not on the target:") == [source / "big.bin"]
     assert named(daemon, "incomplete on the target:") == []  # named once, above
+
+
+@pytest.mark.parametrize("how", ["rm", "mv over"])
+def test_space_freed_through_the_mount_is_free_at_once(workdir: Path, how: str) -> None:
+    """A backup filled the target; the operator removes it through the mount (or a new file is
+    renamed over it) and at once writes the next one. The removed file's space must be free
+    the moment the removal returns: a descriptor the daemon still held (a close deferred
+    after release, the O_PATH of a looked-up file) kept it allocated, and the next file stayed
+    empty with ENOSPC. On NFS the same descriptors turned the removal into a .nfsXXXXXXXX
+    silly rename."""
+    with small_target("64M") as root:
+        source = root / "backups"
+        source.mkdir()
+        mnt = workdir / "mnt"
+        mnt.mkdir()
+        daemon = start_fusethrottle(source, mnt, [])
+        daemon.expect_log_problems = True  # the target's ENOSPC is logged, on purpose
+        try:
+            for attempt in range(3):
+                back_up(mnt / "big.bin", 80)  # more than fits: ends in ENOSPC
+                assert (mnt / "big.bin").stat().st_size > 32 * MiB
+                before = free_bytes(root)
+                if how == "rm":
+                    os.unlink(mnt / "big.bin")
+                else:
+                    (mnt / "tiny").write_bytes(b"t")
+                    os.rename(mnt / "tiny", mnt / "big.bin")
+                freed = free_bytes(root) - before
+                assert freed > 32 * MiB, f"attempt {attempt}: only {freed} bytes free at once"
+                (mnt / "next").write_text("ok\n")
+                assert (source / "next").read_text() == "ok\n", f"attempt {attempt}"
+                (mnt / "next").unlink()
+                (mnt / "big.bin").unlink(missing_ok=True)
+        finally:
+            code = stopped(daemon)
+    assert code == 0, daemon.log()  # every writer was told of what did not fit
