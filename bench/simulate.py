@@ -131,7 +131,7 @@ class Arm:
 
 
 def adaptive(initial: int = STATIC_WINDOW) -> AdaptiveController:
-    return AdaptiveController(initial=initial, minimum=WINDOW_MIN, maximum=WINDOW_MAX, batch=BATCH)
+    return AdaptiveController(initial=initial, minimum=WINDOW_MIN, maximum=WINDOW_MAX)
 
 
 ARMS = [

@@ -287,7 +287,6 @@ class AdaptiveController:
         initial: int,
         minimum: int,
         maximum: int,
-        batch: int,
         tolerance: float = 1.5,
         smoothing: float = 0.2,
         slow_fsync_s: float = 30.0,
@@ -298,8 +297,6 @@ class AdaptiveController:
     ) -> None:
         if not 0 < minimum <= maximum:
             raise ValueError("need 0 < minimum <= maximum")
-        if batch <= 0:
-            raise ValueError("batch must be positive")
         if tolerance < 1.0:
             raise ValueError("tolerance must be at least 1.0")
         if not 0.0 < smoothing <= 1.0:
@@ -310,7 +307,6 @@ class AdaptiveController:
             raise ValueError("fair_step must not be negative")
         self.minimum = int(minimum)
         self.maximum = int(maximum)
-        self.batch = int(batch)  # kept for callers and metrics; W* does not depend on it
         self.tolerance = float(tolerance)
         self.smoothing = float(smoothing)
         self.slow_fsync_s = float(slow_fsync_s)
@@ -441,7 +437,6 @@ def make_controller(config: Config) -> Controller:
             initial=config.window,
             minimum=config.window_min,
             maximum=config.window_max,
-            batch=config.batch,
             tolerance=config.tolerance,
             drain_s=config.drain,
         )

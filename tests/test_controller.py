@@ -21,9 +21,7 @@ MiB = 1024 * 1024
 
 def adaptive(**kw: object) -> AdaptiveController:
     """The rules are tested at a round 3 s drain time, independent of the default."""
-    args: dict = dict(
-        initial=256 * MiB, minimum=16 * MiB, maximum=2048 * MiB, batch=64 * MiB, drain_s=3.0
-    )
+    args: dict = dict(initial=256 * MiB, minimum=16 * MiB, maximum=2048 * MiB, drain_s=3.0)
     args.update(kw)
     return AdaptiveController(**args)
 
@@ -277,7 +275,6 @@ def test_snapshot_reports_the_costs_it_steers_by() -> None:
     [
         {"minimum": 0},
         {"minimum": 2048 * MiB, "maximum": 1024 * MiB},
-        {"batch": 0},
         {"tolerance": 0.9},
         {"smoothing": 0.0},
         {"drain_s": 0.0},
@@ -308,7 +305,6 @@ def controllers(draw: st.DrawFn) -> AdaptiveController:
         initial=draw(st.integers(1, 16 * 1024 * MiB)),
         minimum=minimum,
         maximum=maximum,
-        batch=draw(st.integers(1, 1024 * MiB)),
         tolerance=draw(st.floats(1.0, 4.0)),
         smoothing=draw(st.floats(0.01, 1.0)),
         slow_fsync_s=draw(st.floats(0.5, 60.0)),

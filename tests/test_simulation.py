@@ -18,9 +18,7 @@ SETTLE_SAMPLES = 20  # the bound the claims are held to
 
 
 def adaptive(i: int = 0, initial: int = 256 * MiB) -> AdaptiveController:
-    return AdaptiveController(
-        initial=initial, minimum=MIN, maximum=MAX, batch=64 * MiB, drain_s=DRAIN
-    )
+    return AdaptiveController(initial=initial, minimum=MIN, maximum=MAX, drain_s=DRAIN)
 
 
 def expected_window(capacity: float) -> float:
