@@ -41,7 +41,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fusethrottle.fleet_share import jain_index
+from bench.model import jain_index
 
 MiB = 1 << 20
 GiB = 1 << 30

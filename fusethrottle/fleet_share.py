@@ -110,14 +110,6 @@ def fair_share(rate: float, weight: float, weights: list[float]) -> float:
     return rate * weight / total if total > 0 else rate
 
 
-def jain_index(values: list[float]) -> float:
-    """Jain's fairness index: 1.0 when all are equal, 1/n when one takes everything."""
-    if not values:
-        return 1.0
-    square_sum = sum(v * v for v in values)
-    return (sum(values) ** 2) / (len(values) * square_sum) if square_sum > 0 else 1.0
-
-
 @dataclass(frozen=True)
 class PoolStatistics:
     """What the pool shows the metrics: in the units of the fleet budget."""

@@ -18,7 +18,6 @@ from fusethrottle.fleet_share import (
     Grant,
     LeasePool,
     fair_share,
-    jain_index,
     lease_seconds,
 )
 
@@ -54,12 +53,6 @@ def test_the_tighter_resource_sizes_the_lease() -> None:
 def test_fair_share_follows_weights() -> None:
     assert fair_share(60 * MiB, 1, [1, 1, 1]) == 20 * MiB
     assert fair_share(60 * MiB, 2, [2, 1]) == 40 * MiB
-
-
-def test_jain_index() -> None:
-    assert jain_index([20, 20, 20]) == pytest.approx(1.0)
-    assert jain_index([60, 0, 0]) == pytest.approx(1 / 3)
-    assert jain_index([22, 20, 18]) > 0.95
 
 
 def test_no_lease_means_wait_for_one() -> None:
