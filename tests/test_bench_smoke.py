@@ -9,6 +9,7 @@ left behind, also after Ctrl-C. Never checks timings: CI machines are noisy.
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import math
 import os
@@ -28,6 +29,7 @@ if str(REPO) not in sys.path:  # bench/ is not an installed package; import it f
 
 from bench import phases  # noqa: E402
 from bench.sampler import format_buckets, parse_buckets  # noqa: E402
+from bench.stats import percentile  # noqa: E402
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the built-in loop target needs root")
 
@@ -55,6 +57,69 @@ def leftovers(pid: int) -> list[str]:
     found += [str(p) for p in Path("/dev/shm/fusethrottle-bench").glob(f"*{pid}*")]
     found += [str(p) for p in Path("/sys/fs/cgroup/memory").rglob(f"{tag}-*")]
     return found
+
+
+#: victim.csv and writer.csv keep six significant digits of each time (bench/results.py), so
+#: an operation within this of an end of the arm's window may have fallen on either side of it.
+ROUNDING = 1e-3
+
+
+def rows_of(path: Path, cell: str) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return [row for row in csv.DictReader(f) if row["cell"] == cell]
+
+
+def arm_window(run: dict, c: dict) -> float:
+    """Seconds from the arm's start that its neighbour figures cover (bench/runner.py): the
+    idle time for the idle arm, else until the backup was durable."""
+    return float(run["plan"]["idle_seconds"]) if c["arm"] == "idle" else float(c["durable_s"])
+
+
+def check_victim_figures(out: Path, run: dict, c: dict) -> None:
+    """The neighbour's figures in the cell are those of the operations it recorded in
+    victim.csv that started in the arm's window: count, nearest-rank p50/p99, max, completions
+    per second and whole seconds without a completion."""
+    window = arm_window(run, c)
+    ops = [(float(r["t"]), float(r["latency_s"])) for r in rows_of(out / "victim.csv", c["cell"])]
+    sure = sorted(lat for t, lat in ops if ROUNDING <= t <= window - ROUNDING)
+    maybe = sorted(lat for t, lat in ops if -ROUNDING <= t <= window + ROUNDING)
+    assert sure, c
+    assert len(sure) <= c["victim_ops"] <= len(maybe), (c["victim_ops"], len(sure), len(maybe))
+    assert sure[-1] * (1 - 1e-6) <= c["victim_max_ms"] / 1e3 <= maybe[-1] * (1 + 1e-6)
+    if len(sure) == len(maybe):  # no operation near an end: the same samples, the same numbers
+        assert c["victim_p50_ms"] == pytest.approx(percentile(sure, 50) * 1e3, rel=1e-6)
+        assert c["victim_p99_ms"] == pytest.approx(percentile(sure, 99) * 1e3, rel=1e-6)
+        assert c["victim_max_ms"] == pytest.approx(sure[-1] * 1e3, rel=1e-6)
+    done = sorted(t + lat for t, lat in ops)
+    done_sure = [d for d in done if ROUNDING <= d <= window - ROUNDING]
+    done_maybe = [d for d in done if -ROUNDING <= d <= window + ROUNDING]
+    per_s = c["victim_ops_per_s"] * window
+    assert len(done_sure) - 1e-6 <= per_s <= len(done_maybe) + 1e-6, (per_s, len(done_sure))
+
+    def completions(lo: float, hi: float) -> bool:
+        return any(lo <= d < hi for d in done_maybe)
+
+    seconds = range(max(1, int(window)))
+    surely_dead = sum(1 for k in seconds if not completions(k - ROUNDING, k + 1 + ROUNDING))
+    maybe_dead = sum(1 for k in seconds if not completions(k + ROUNDING, k + 1 - ROUNDING))
+    assert surely_dead <= c["victim_dead_seconds"] <= maybe_dead, c["victim_dead_seconds"]
+
+
+def check_write_figures(out: Path, c: dict) -> None:
+    """The backup's write() figures in the cell agree with what the writer logged every
+    250 ms (writer.csv: writes, their worst and their sum per interval): the same worst write,
+    every byte accounted for, and a median no more than twice the mean (at least half the
+    writes took the median or longer)."""
+    rows = [r for r in rows_of(out / "writer.csv", c["cell"]) if r["writes"]]
+    assert rows, c
+    assert int(rows[-1]["bytes"]) == c["app_bytes"]
+    writes = sum(int(r["writes"]) for r in rows)
+    worst = max(float(r["max_s"]) for r in rows)
+    mean = sum(float(r["sum_s"]) for r in rows) / writes
+    assert c["write_max_ms"] == pytest.approx(worst * 1e3, rel=1e-5)
+    assert c["write_p50_ms"] <= c["write_p99_ms"] <= c["write_max_ms"]
+    assert c["write_p50_ms"] <= 2 * mean * 1e3 * (1 + 1e-5)
+    assert (c["writes_over_1s"] == 0) == (worst <= 1.0)
 
 
 def test_schedule_and_arms_parse() -> None:
@@ -178,6 +243,7 @@ def test_smoke_run(tmp_path: Path) -> None:
         assert needed in ok, needed
 
     for (workload, arm), c in ok.items():
+        check_victim_figures(out, run, c)
         if arm == "idle":
             assert c["app_bytes"] == 0
             assert c["victim_ops"] > 10
@@ -191,7 +257,7 @@ def test_smoke_run(tmp_path: Path) -> None:
         assert c["dirty_wb_peak_mib"] is not None
         if workload == "seq":
             assert c["verified"] is True, c
-            assert c["write_max_ms"] >= c["write_p50_ms"] >= 0
+            check_write_figures(out, c)
         if arm == "direct-fsync":
             assert c["writer_fsyncs"] == 0  # 24M < 100 MB: no fsync due yet
         if arm.startswith("ft-"):
@@ -286,9 +352,10 @@ def test_db_smoke_measures_a_neighbour_that_needs_memory(tmp_path: Path) -> None
     assert res.returncode == 0, res.stderr[-3000:]
     cells = {c["arm"]: c for c in map(json.loads, (out / "cells.jsonl").read_text().splitlines())}
     assert set(cells) == {"idle", "ft-adaptive"}
+    run = json.loads((out / "run.json").read_text())
     for c in cells.values():
         assert c["status"] == "ok", c
-        assert c["victim_ops_per_s"] > 0 and c["victim_dead_seconds"] >= 0, c
+        check_victim_figures(out, run, c)  # its throughput and gaps are the ones it recorded
         assert c["victim_cached_min_mib"] > 0, c  # mincore found the victim's files
         assert c["cg_backup_cached_end_mib"] is not None, c
     ft = cells["ft-adaptive"]
@@ -297,7 +364,6 @@ def test_db_smoke_measures_a_neighbour_that_needs_memory(tmp_path: Path) -> None
     assert "charged to the memory cgroup" in log, log[-2000:]
     text = (out / "summary.md").read_text()
     assert "victim ops/s" in text and "seconds without an op" in text
-    run = json.loads((out / "run.json").read_text())
     assert leftovers(run["pid"]) == []
 
 
