@@ -19,19 +19,13 @@ from pathlib import Path
 from bench.analysis import histogram_quantile
 from bench.plan import format_size, parse_schedule
 from bench.sampler import parse_buckets
+from bench.stats import percentile
 
 MiB = 1 << 20
 
 
 def _num(text: str | None) -> float | None:
     return float(text) if text not in ("", None) else None
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _read(path: Path) -> dict[str, list[dict[str, str]]]:
@@ -114,9 +108,9 @@ def phase_table(run: Path, schedule: str) -> str:
                     parse_buckets(before[-1]["ft_fsync_buckets"] if before else None),
                     parse_buckets(inside[-1]["ft_fsync_buckets"]),
                 )
-            neighbour = [
+            neighbour = sorted(
                 float(r["latency_s"]) * 1000 for r in victim[cell] if a <= float(r["t"]) < b
-            ]
+            )
             probe = {
                 op: max(
                     (
@@ -133,7 +127,7 @@ def phase_table(run: Path, schedule: str) -> str:
                 f"| {_arm_label(cell)} | {label} | {device:.2f} | {busy:.0f} | {cgroup / MiB:.0f} "
                 f"| {max(unsynced) / MiB if unsynced else math.nan:.0f} "
                 f"| {sum(window) / len(window) / MiB if window else math.nan:.0f} | {fsync} "
-                f"| {_quantile(neighbour, 0.99):.1f} / {max(neighbour, default=math.nan):.0f} "
+                f"| {percentile(neighbour, 99):.1f} / {max(neighbour, default=math.nan):.0f} "
                 f"| {probe['stat']:.0f} / {probe['readdir']:.0f} "
                 f"| {max(worst) if worst else math.nan:.1f} |"
             )

@@ -189,6 +189,20 @@ def test_fsync_histograms_survive_a_csv_cell_and_phases_read_them() -> None:
     assert phases._fsync_quantiles(before, buckets) == "1 / inf"
 
 
+def test_the_phase_table_ranks_the_neighbours_p99_as_every_report_does(tmp_path: Path) -> None:
+    """Nearest rank (bench.stats.percentile, the daemon's definition): of 100 operations of
+    1..100 ms the p99 is the 99th, 99 ms, as in the summary and ``fusethrottle status``."""
+    cell = "001-seq-idle-r1"
+    columns = ("cell", "t", "absorbed", "cg_dirty", "cg_writeback", "ft_unsynced", "ft_window")
+    samples = [",".join(columns)] + [f"{cell},{t},0,0,0,," for t in (0.5, 1.5)]
+    (tmp_path / "samples.csv").write_text("\n".join(samples) + "\n")
+    victim = ["cell,t,latency_s"] + [f"{cell},{i / 100},{i / 1000}" for i in range(1, 101)]
+    (tmp_path / "victim.csv").write_text("\n".join(victim) + "\n")
+    table = phases.phase_table(tmp_path, "1M:10s")
+    row = next(line for line in table.splitlines() if line.startswith("| idle r1 |"))
+    assert "| 99.0 / 100 |" in row, row
+
+
 def test_a_stepping_device_counter_gives_its_average_rate() -> None:
     # A throttle that hands out 8 MiB every 8 s: 1 MiB/s, whichever phase edge we cut at.
     points = [(t / 4, float((int(t / 4 + 3) // 8) * 8 * MiB)) for t in range(240)]
