@@ -23,37 +23,23 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
-import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import trio
 
+from .fuse_notify import inval_entry_message, write_notifications
 from .inodes import ROOT, Inode, InodeTable
 from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
-#: fuse_notify_code FUSE_NOTIFY_INVAL_ENTRY (include/uapi/linux/fuse.h)
-NOTIFY_INVAL_ENTRY = 3
-_HEADER = struct.Struct("<IiQ")  # fuse_out_header: len, error (the notify code), unique (0)
-_INVAL_ENTRY = struct.Struct("<QII")  # fuse_notify_inval_entry_out: parent, namelen, flags
 #: How often the table's size is looked at.
 CHECK_INTERVAL = 0.25
 #: A name asked about is not asked about again for this long (its FORGET may be on its way).
 ASK_AGAIN_AFTER = 5.0
-
-
-def inval_entry_message(parent: int, name: bytes) -> bytes:
-    """The notification that makes the kernel drop the name *name* in directory *parent*."""
-    size = _HEADER.size + _INVAL_ENTRY.size + len(name) + 1
-    return (
-        _HEADER.pack(size, NOTIFY_INVAL_ENTRY, 0)
-        + _INVAL_ENTRY.pack(parent, len(name), 0)
-        + name
-        + b"\0"
-    )
+#: What the kernel answers a name it no longer holds (or cannot drop now) with: not worth a log.
+_NAME_GONE = (errno.ENOENT, errno.ENOTDIR, errno.EBUSY)
 
 
 @dataclass(frozen=True)
@@ -145,10 +131,4 @@ class KernelEntries:
         fd = self.device_fd
         if fd is None:
             return
-        for message in messages:
-            try:
-                os.write(fd, message)
-            except OSError as err:
-                # ENOENT: the kernel has dropped the name already (or never had it).
-                if err.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EBUSY):
-                    log.debug("dropping a name: %s", err.strerror)
+        write_notifications(fd, messages, expected=_NAME_GONE)

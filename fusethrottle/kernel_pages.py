@@ -22,30 +22,15 @@ Released small files are not dropped here (see Flusher._sync_groups).
 
 from __future__ import annotations
 
-import errno
-import logging
 import os
-import struct
 from collections.abc import Callable
 
 import trio
 
+from .fuse_notify import inval_inode_message, write_notifications
 from .workers import WorkerPool
 
-log = logging.getLogger(__name__)
-
-#: fuse_notify_code FUSE_NOTIFY_INVAL_INODE (include/uapi/linux/fuse.h)
-NOTIFY_INVAL_INODE = 2
-_HEADER = struct.Struct("<IiQ")  # fuse_out_header: len, error (the notify code), unique (0)
-_INVAL_INODE = struct.Struct("<Qqq")  # fuse_notify_inval_inode_out: ino, off, len
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def inval_inode_message(nodeid: int, offset: int, length: int) -> bytes:
-    """The notification that drops bytes [offset, offset + length) of node *nodeid* from the
-    kernel's page cache; a *length* of 0 means to the end of the file."""
-    size = _HEADER.size + _INVAL_INODE.size
-    return _HEADER.pack(size, NOTIFY_INVAL_INODE, 0) + _INVAL_INODE.pack(nodeid, offset, length)
 
 
 def find_fuse_device_fd() -> int | None:
@@ -110,15 +95,10 @@ class KernelPages:
                 await self._pool.run(self._send_all, batch)
 
     def _send_all(self, batch: list[tuple[int, int, int]]) -> None:
-        """One thread trip for every range queued meanwhile (one message each)."""
+        """One thread trip for every range queued meanwhile (one message each). ENOENT, the
+        kernel has forgotten the file and its pages with it, passes quietly."""
         fd = self.device_fd
         if fd is None:
             return
-        for nodeid, offset, length in batch:
-            try:
-                os.write(fd, inval_inode_message(nodeid, offset, length))
-                self.dropped_ranges += 1
-            except OSError as err:
-                # ENOENT: the kernel has forgotten the file, and its pages with it.
-                if err.errno != errno.ENOENT:
-                    log.debug("dropping pages of node %d: %s", nodeid, err.strerror)
+        messages = [inval_inode_message(*drop) for drop in batch]
+        self.dropped_ranges += write_notifications(fd, messages)

@@ -7,7 +7,6 @@ a few hundred descriptors backing up, listing and restoring a tree of thousands 
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 from pathlib import Path
 
@@ -15,15 +14,7 @@ import pytest
 from conftest import MakeMount
 
 from fusethrottle.inodes import ROOT, Inode
-from fusethrottle.kernel_entries import Bounds, bounds_for, inval_entry_message, pick
-
-
-def test_the_message_is_a_fuse_inval_entry_notification() -> None:
-    message = inval_entry_message(77, b"base.tar")
-    length, code, unique, parent, namelen, flags = struct.unpack("<IiQQII", message[:32])
-    assert (length, code, unique) == (len(message), 3, 0)  # a notification: no reply
-    assert (parent, namelen, flags) == (77, 8, 0)
-    assert message[32:] == b"base.tar\0"
+from fusethrottle.kernel_entries import Bounds, bounds_for, pick
 
 
 def test_bounds_leave_room_for_open_files() -> None:

@@ -8,19 +8,13 @@ import struct
 
 import trio
 
-from fusethrottle.kernel_pages import PAGE, KernelPages, inval_inode_message
+from fusethrottle.kernel_pages import PAGE, KernelPages
 
 MiB = 1 << 20
 
 
 def decode(message: bytes) -> tuple[int, int, int, int, int, int]:
     return struct.unpack("<IiQQqq", message)
-
-
-def test_the_message_is_a_fuse_inval_inode_notification() -> None:
-    length, code, unique, ino, off, size = decode(inval_inode_message(77, 4096, 8192))
-    assert (length, code, unique) == (40, 2, 0)  # 16-byte header + 24-byte body; no reply
-    assert (ino, off, size) == (77, 4096, 8192)
 
 
 def _sent(calls: list[tuple[int, tuple[int, int] | None]]) -> list[tuple[int, int, int]]:
