@@ -29,7 +29,6 @@ from typing import Protocol
 
 import trio
 
-from .backend import ABANDON_KW
 from .fleet_share import (
     ACTIVE_HOLD_FACTOR,
     LEASE_MAX_SECONDS,
@@ -38,6 +37,7 @@ from .fleet_share import (
     LeasePool,
 )
 from .options import Config
+from .trio_compat import ABANDON_KW
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,27 @@
+"""The trio compatibility shim: the keyword that abandons a stuck thread works on this trio."""
+
+from __future__ import annotations
+
+import threading
+
+import trio
+
+from fusethrottle.trio_compat import ABANDON_KW
+
+
+def test_a_cancelled_caller_leaves_a_stuck_thread_behind() -> None:
+    stuck = threading.Event()
+    unstick = threading.Timer(30.0, stuck.set)  # only so that a broken shim cannot hang the run
+    unstick.start()
+
+    async def main() -> None:
+        with trio.move_on_after(0.05):
+            await trio.to_thread.run_sync(stuck.wait, **ABANDON_KW)
+        # Out of the call while its thread still waits: the thread was abandoned, not awaited.
+        assert not stuck.is_set()
+
+    try:
+        trio.run(main)
+    finally:
+        stuck.set()
+        unstick.cancel()
