@@ -100,16 +100,6 @@ def lease_seconds(
     return min(LEASE_MAX_SECONDS, max(LEASE_MIN_SECONDS, min(candidates)))
 
 
-def fair_share(rate: float, weight: float, weights: list[float]) -> float:
-    """This mount's part of *rate*: weight / sum of the active weights (itself included).
-
-    The same rule the Lua script applies on the Redis side (fleet_redis.py); here for the tests
-    and the fallback's arithmetic.
-    """
-    total = sum(weights)
-    return rate * weight / total if total > 0 else rate
-
-
 @dataclass(frozen=True)
 class PoolStatistics:
     """What the pool shows the metrics: in the units of the fleet budget."""

@@ -17,7 +17,6 @@ from fusethrottle.fleet_share import (
     Fallback,
     Grant,
     LeasePool,
-    fair_share,
     lease_seconds,
 )
 
@@ -48,11 +47,6 @@ def test_a_slow_mount_does_not_hoard_more_than_a_second_of_its_share() -> None:
 def test_the_tighter_resource_sizes_the_lease() -> None:
     # 20 MiB/s alone would allow 0.8 s; 20000 units/s wants 4096 units = 0.2 s.
     assert lease_seconds(20 * MiB, 20000) == pytest.approx(0.2048)
-
-
-def test_fair_share_follows_weights() -> None:
-    assert fair_share(60 * MiB, 1, [1, 1, 1]) == 20 * MiB
-    assert fair_share(60 * MiB, 2, [2, 1]) == 40 * MiB
 
 
 def test_no_lease_means_wait_for_one() -> None:
