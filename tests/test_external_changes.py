@@ -58,8 +58,14 @@ names = st.sampled_from(NAMES)
 offsets = st.one_of(st.integers(0, 3000), st.integers(8000, 12_000))
 lengths = st.integers(0, 3000)
 sizes = st.one_of(st.integers(0, 3000), st.integers(5000, 9000))
-#: Margin past attr_timeout before the mount must show the change: the kernel compares its
-#: cache's expiry with jiffies, so "expired" may come a tick later than the timeout.
+#: Margin past attr_timeout before the mount must show the change. It covers the kernel's clock,
+#: not the machine's load: the kernel stamps a cached name or attribute with an expiry of jiffies
+#: at the reply + attr_timeout rounded up to a tick, and counts it expired once jiffies are past
+#: that (up to two ticks late), jiffies trailing the monotonic clock by at most one more tick:
+#: 30 ms at the coarsest Linux tick (HZ=100; 12 ms at Debian's HZ=250). The wait is counted from
+#: a moment after the last reply the kernel cached old facts from (every call here returns
+#: before the next is made, and a lookup made after the change is answered with the new facts),
+#: so a loaded machine that runs the test late only lengthens the wait: it cannot flake.
 MARGIN = 0.05
 READ_ALL = 1 << 16
 _tags = itertools.count()
