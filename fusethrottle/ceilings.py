@@ -16,7 +16,7 @@ import trio
 from .meter import Meter, OpClass
 
 if TYPE_CHECKING:
-    from .fleet import FleetBudget
+    from .fleet import FleetShare
 
 #: A quarter of a second of budget may be spent at once: enough to absorb the jitter of a busy
 #: writer, small enough that the rate over any 10 s stays within a few percent of the limit.
@@ -47,7 +47,7 @@ class Ceilings:
         ops_limit: float = 0.0,
         throttle_reads: bool = False,
         now: float = 0.0,
-        fleet: FleetBudget | None = None,
+        fleet: FleetShare | None = None,
     ) -> None:
         self.meter = meter
         #: The fleet budget (budget=redis://...), drawn from before the local ceilings.

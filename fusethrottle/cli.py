@@ -128,10 +128,10 @@ def check_environment(config: Config) -> None:
     if config.allow_other and os.geteuid() != 0 and not _user_allow_other():
         raise UsageError("allow_other needs root, or 'user_allow_other' in /etc/fuse.conf")
     if config.budget is not None:
-        _check_budget(config)
+        _check_fleet(config)
 
 
-def _check_budget(config: Config) -> None:
+def _check_fleet(config: Config) -> None:
     """What budget= needs locally: the Redis client and a readable password file. Redis itself
     may be down: the mount then starts on its fallback budget."""
     try:
@@ -232,9 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return status_main(args[1:])
     if args[0] == "budget":
-        from .budget_command import main as budget_main
+        from .fleet_command import main as fleet_main
 
-        return budget_main(args[1:])
+        return fleet_main(args[1:])
     try:
         config = parse_args(args)
         check_environment(config)

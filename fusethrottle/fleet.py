@@ -1,13 +1,13 @@
 """This mount's part of a fleet budget: leases from Redis, spent by the writers at the ceilings.
 
-Writers call :meth:`FleetBudget.acquire` (through ``Ceilings.wait``): it takes tokens from the
+Writers call :meth:`FleetShare.acquire` (through ``Ceilings.wait``): it takes tokens from the
 local lease pool (fleet_share.py) and sleeps for the pace; a write is only ever delayed, never
-failed. One background task, :meth:`FleetBudget.run`, keeps the pool filled: it asks Redis
+failed. One background task, :meth:`FleetShare.run`, keeps the pool filled: it asks Redis
 (fleet_redis.py) for a lease shortly before the current one runs out, gives the lease back when
 the writers stop, and, when Redis cannot be reached, switches the pool to the fallback budget
 and tries to rejoin every :data:`REJOIN_INTERVAL`.
 
-A second task, :meth:`FleetBudget._watch`, listens (pub/sub) for other mounts joining or
+A second task, :meth:`FleetShare._watch`, listens (pub/sub) for other mounts joining or
 leaving and has the renewer ask at once, so shares move within a round trip.
 
 Concurrency: every grant runs in a worker thread of its own limiter (one at a time), under a
@@ -47,8 +47,8 @@ TICK = 0.05
 REJOIN_INTERVAL = 1.0
 
 
-class BudgetStore(Protocol):
-    """The shared bucket (fleet_redis.RedisBudget); blocking, called from a worker thread."""
+class FleetStore(Protocol):
+    """The shared bucket (fleet_redis.RedisFleetStore); blocking, called from a worker thread."""
 
     def grant(
         self,
@@ -62,14 +62,14 @@ class BudgetStore(Protocol):
 
     def close(self) -> None: ...
 
-    # Optional: ``watch(stop, on_change)`` (fleet_redis.RedisBudget.watch), the fleet's news.
+    # Optional: ``watch(stop, on_change)`` (fleet_redis.RedisFleetStore.watch), the fleet's news.
 
 
 @dataclass(frozen=True)
 class FleetStatistics:
     """What ``status`` and the metrics show about the fleet budget (rates per second)."""
 
-    budget: str  # the URL, without any password
+    budget: str  # the budget= URL, without any password (the key status --json shows)
     weight: float
     fallback: bool  # True while on the fallback budget
     fallback_reason: str
@@ -95,14 +95,15 @@ def default_mount_id(mountpoint: str) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{mountpoint}"
 
 
-class FleetBudget:
-    """Leases from the fleet's shared bucket, and the writers that spend them."""
+class FleetShare:
+    """This mount's share of the fleet's rate: leases from the shared bucket, and the writers
+    that spend them."""
 
     def __init__(
         self,
-        store: Callable[[], BudgetStore],
+        store: Callable[[], FleetStore],
         *,
-        budget: str,
+        url: str,
         mount_id: str,
         weight: float = 1.0,
         fallback: Fallback | None = None,
@@ -112,8 +113,8 @@ class FleetBudget:
         self._make_store = store
         #: Off only in tests on trio's MockClock, where the fake store answers at once.
         self._threads = threads
-        self._store: BudgetStore | None = None
-        self.budget = budget
+        self._store: FleetStore | None = None
+        self.url = url  # the budget= URL, for the log and status
         self.mount_id = mount_id
         self.weight = weight
         self.fallback_policy = fallback or Fallback()
@@ -222,7 +223,7 @@ class FleetBudget:
                 try:
                     await trio.to_thread.run_sync(self._store.watch, stop, changed, **ABANDON_KW)  # type: ignore[union-attr]
                 except StoreError as err:
-                    log.debug("watching the fleet budget %s: %s", self.budget, err)
+                    log.debug("watching the fleet budget %s: %s", self.url, err)
                 await trio.sleep(REJOIN_INTERVAL)
         finally:
             stop.set()
@@ -303,7 +304,7 @@ class FleetBudget:
             except StoreError as err:
                 reason = str(err)
             except Exception as err:  # a bug or an unexpected reply must not end the mount
-                log.exception("asking the fleet budget %s failed", self.budget)
+                log.exception("asking the fleet budget %s failed", self.url)
                 reason = f"unexpected error: {err}"
         self.errors_total += 1
         self._fall_back(trio.current_time(), reason or f"no answer within {self.deadline:.2g} s")
@@ -334,7 +335,7 @@ class FleetBudget:
         )
         log.warning(
             "fleet budget %s unavailable (%s): on the fallback budget, %s, until it is back",
-            self.budget,
+            self.url,
             reason,
             what,
         )
@@ -346,7 +347,7 @@ class FleetBudget:
         self._fallback_seconds += now - self.fallback_since
         log.info(
             "fleet budget %s is back after %.1f s: share %.1f MiB/s of %.1f MiB/s (%d mount(s))",
-            self.budget,
+            self.url,
             now - self.fallback_since,
             grant.share_metered / 2**20,
             grant.fleet_metered / 2**20,
@@ -372,7 +373,7 @@ class FleetBudget:
         if self.fallback_since is not None:
             fallback_seconds += max(0.0, now - self.fallback_since)
         return FleetStatistics(
-            budget=self.budget,
+            budget=self.url,
             weight=self.weight,
             fallback=self.fallback_since is not None,
             fallback_reason=self.fallback_reason,
@@ -394,26 +395,30 @@ class FleetBudget:
         )
 
 
-def from_config(config: Config) -> FleetBudget | None:
-    """The mount's FleetBudget for ``budget=...``, or None without one."""
+#: The name daemon.py still imports; it goes once daemon.py imports FleetShare (issue 30).
+FleetBudget = FleetShare
+
+
+def from_config(config: Config) -> FleetShare | None:
+    """The mount's FleetShare for ``budget=...``, or None without one."""
     if config.budget is None:
         return None
-    from .fleet_redis import RedisBudget, read_password
+    from .fleet_redis import RedisFleetStore, read_password
 
     address = config.budget
     password_file = config.budget_password_file
 
-    def store() -> BudgetStore:
-        return RedisBudget(
+    def store() -> FleetStore:
+        return RedisFleetStore(
             address,
             read_password(password_file),
             timeout=config.budget_timeout,
             ca_file=config.budget_ca or None,
         )
 
-    return FleetBudget(
+    return FleetShare(
         store,
-        budget=str(address),
+        url=str(address),
         mount_id=default_mount_id(config.mountpoint),
         weight=config.budget_weight,
         fallback=Fallback(config.budget_fallback),

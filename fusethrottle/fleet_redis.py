@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from .fleet_share import BUCKET_SECONDS, GRANT_CAP_SECONDS, Grant
 
 if TYPE_CHECKING:
-    from .options import BudgetAddress
+    from .options import FleetAddress
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class StoreError(Exception):
     """Redis could not be asked (down, slow, refused the password); the message says which."""
 
 
-class BudgetNotSet(StoreError):
+class FleetNotSet(StoreError):
     """Redis answers, but nobody ran ``fusethrottle budget set`` for this budget."""
 
 
@@ -158,12 +158,13 @@ def read_password(path: str | None) -> str | None:
         return f.read().strip() or None
 
 
-class RedisBudget:
-    """The shared bucket of one budget, through one redis-py connection pool (thread-safe)."""
+class RedisFleetStore:
+    """The shared bucket of one fleet (the budget NAME), through one redis-py connection pool
+    (thread-safe); what fleet.FleetStore asks of it."""
 
     def __init__(
         self,
-        address: BudgetAddress,
+        address: FleetAddress,
         password: str | None,
         *,
         timeout: float = DEFAULT_TIMEOUT,
@@ -226,12 +227,12 @@ class RedisBudget:
         values = [float(v) for v in reply]
         return Grant(*values[:6], mounts=int(values[6]), weight_sum=values[7])
 
-    def set_budget(self, metered: float, units: float) -> None:
+    def set_rates(self, metered: float, units: float) -> None:
         """Store the fleet's rates (``fusethrottle budget set``); every grant reads them."""
         config = self._keys[0]
         self._call(lambda: self._redis.hset(config, mapping={"metered": metered, "units": units}))
 
-    def read_budget(self) -> tuple[float, float] | None:
+    def read_rates(self) -> tuple[float, float] | None:
         """(metered/s, units/s), or None when the budget was never set."""
         values = self._call(lambda: self._redis.hmget(self._keys[0], "metered", "units"))
         if values[0] is None and values[1] is None:
@@ -284,7 +285,7 @@ class RedisBudget:
             return fn()
         except redis.ResponseError as err:
             if str(err).startswith("NOBUDGET"):
-                raise BudgetNotSet(f"budget {self.address.name!r} is not set in Redis") from None
+                raise FleetNotSet(f"budget {self.address.name!r} is not set in Redis") from None
             raise StoreError(f"Redis refused: {err}") from None
         except redis.AuthenticationError as err:
             raise StoreError(f"Redis refused the password: {err}") from None

@@ -49,7 +49,7 @@ def parse_rate(text: str) -> float:
 
 
 @dataclass(frozen=True)
-class BudgetAddress:
+class FleetAddress:
     """Where a fleet budget lives: ``redis://HOST:PORT/NAME`` (``rediss://`` for TLS)."""
 
     host: str
@@ -64,11 +64,11 @@ class BudgetAddress:
         return f"{'rediss' if self.tls else 'redis'}://{user}{host}:{self.port}/{self.name}"
 
 
-_BUDGET_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_FLEET_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
-def parse_budget_url(text: str) -> BudgetAddress:
-    """``redis://HOST:PORT/NAME`` -> BudgetAddress; a password in the URL is refused (it would
+def parse_fleet_url(text: str) -> FleetAddress:
+    """``redis://HOST:PORT/NAME`` -> FleetAddress; a password in the URL is refused (it would
     show in ps, the journal and /proc/mounts): it comes from a file."""
     form = "expected redis://HOST:PORT/NAME or rediss://HOST:PORT/NAME"
     try:
@@ -86,19 +86,19 @@ def parse_budget_url(text: str) -> BudgetAddress:
     if not url.hostname:
         raise OptionError(f"{form}: the host is missing in {text!r}")
     name = url.path[1:] if url.path.startswith("/") else ""
-    if not _BUDGET_NAME_RE.match(name):
+    if not _FLEET_NAME_RE.match(name):
         raise OptionError(
             f"{form}: NAME (letters, digits, '.', '_', '-', at most 64) is missing or "
             f"invalid in {text!r}"
         )
     if url.query or url.fragment:
         raise OptionError(f"{form}: no '?' or '#' parts, got {text!r}")
-    return BudgetAddress(
+    return FleetAddress(
         url.hostname, port or 6379, name, url.scheme == "rediss", url.username or None
     )
 
 
-def _budget_fallback(text: str) -> float:
+def _fleet_fallback(text: str) -> float:
     """``share`` (0: the last known share) or a metered rate such as ``20M``."""
     if text == "share":
         return 0.0
@@ -174,7 +174,7 @@ class Config:
     ops_limit: float = 0.0
     throttle_reads: bool = False
     # the fleet budget (fleet.py): a token bucket in Redis shared with other mounts
-    budget: BudgetAddress | None = None
+    budget: FleetAddress | None = None
     budget_weight: float = 1.0
     budget_fallback: float = 0.0  # metered bytes/s while Redis is away; 0: the last share
     budget_password_file: str = ""  # else $FUSETHROTTLE_BUDGET_PASSWORD_FILE, else none
@@ -280,9 +280,9 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "ops_limit": parse_rate,
     "metrics": _address,
     "log_level": _choice(LOG_LEVELS),
-    "budget": parse_budget_url,
+    "budget": parse_fleet_url,
     "budget_weight": _positive_float,
-    "budget_fallback": _budget_fallback,
+    "budget_fallback": _fleet_fallback,
     "budget_password_file": str,
     "budget_ca": str,
     "budget_timeout": parse_duration,

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from fusethrottle.fleet import FleetBudget
+from fusethrottle.fleet import FleetShare
 from fusethrottle.fleet_redis import StoreError
 from fusethrottle.fleet_share import BUCKET_SECONDS, GRANT_CAP_SECONDS, Fallback, Grant
 
@@ -72,15 +72,15 @@ class FakeFleet:
         pass
 
 
-def fleet_budget(fake: FakeFleet, name: str = "m", **kw: object) -> FleetBudget:
-    return FleetBudget(lambda: fake, budget="redis://test/x", mount_id=name, threads=False, **kw)  # type: ignore[arg-type]
+def fleet_budget(fake: FakeFleet, name: str = "m", **kw: object) -> FleetShare:
+    return FleetShare(lambda: fake, url="redis://test/x", mount_id=name, threads=False, **kw)  # type: ignore[arg-type]
 
 
 def run_mock(fn: Callable[[], Awaitable[None]]) -> None:
     trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-async def greedy(fleet: FleetBudget, counter: dict[str, float], size: int = MiB) -> None:
+async def greedy(fleet: FleetShare, counter: dict[str, float], size: int = MiB) -> None:
     while True:
         await fleet.acquire(size, 0)
         counter[fleet.mount_id] = counter.get(fleet.mount_id, 0) + size
@@ -241,8 +241,8 @@ def test_a_hung_redis_never_holds_a_writer() -> None:
             raise StoreError("gave up")
 
     async def main() -> None:
-        fleet = FleetBudget(
-            Hung, budget="redis://test/x", mount_id="m", timeout=0.1, fallback=Fallback(MiB)
+        fleet = FleetShare(
+            Hung, url="redis://test/x", mount_id="m", timeout=0.1, fallback=Fallback(MiB)
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(fleet.run)

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis_util import RedisServer
 
 from fusethrottle import cli, daemon, metrics
-from fusethrottle.budget_command import main as budget_main
+from fusethrottle.fleet_command import main as fleet_main
 from fusethrottle.meter import Meter, OpClass, profile_for
 from fusethrottle.metrics import Metrics, Recorder
 from fusethrottle.options import parse_options
@@ -31,17 +31,17 @@ def test_budget_set_then_show(
     redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"{redis_server.url}/nightly"
-    assert budget_main(["set", url, "--metered", "100M", "--ops", "20000"]) == 0
+    assert fleet_main(["set", url, "--metered", "100M", "--ops", "20000"]) == 0
     out = capsys.readouterr().out
     assert "100.0 MiB/s metered, 20000 units/s" in out
-    assert budget_main(["show", url]) == 0
+    assert fleet_main(["show", url]) == 0
     assert "active mounts: 0" in capsys.readouterr().out
 
 
 def test_budget_show_of_a_budget_never_set(
     redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert budget_main(["show", f"{redis_server.url}/nothing"]) == 1
+    assert fleet_main(["show", f"{redis_server.url}/nothing"]) == 1
     assert "not set" in capsys.readouterr().out
 
 
@@ -59,7 +59,7 @@ def test_budget_show_of_a_budget_never_set(
 def test_budget_command_mistakes_are_one_line(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert budget_main(argv) == 2
+    assert fleet_main(argv) == 2
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1
@@ -69,7 +69,7 @@ def test_budget_command_with_redis_down_is_one_line(capsys: pytest.CaptureFixtur
     from redis_util import free_port, require_redis
 
     require_redis()
-    code = budget_main(["show", f"redis://127.0.0.1:{free_port()}/x", "--timeout", "0.5"])
+    code = fleet_main(["show", f"redis://127.0.0.1:{free_port()}/x", "--timeout", "0.5"])
     assert code == 1
     err = capsys.readouterr().err
     assert err.startswith("fusethrottle: budget: Redis at 127.0.0.1:")
@@ -86,7 +86,7 @@ def test_a_missing_password_file_is_refused_before_mounting(tmp_path: Path) -> N
         mountpoint=str(tmp_path / "mnt"),
     )
     with pytest.raises(cli.UsageError, match=f"budget_password_file {tmp_path}/pw: No such file"):
-        cli._check_budget(config)
+        cli._check_fleet(config)
 
 
 def test_a_password_file_named_by_the_environment_must_exist(
@@ -95,7 +95,7 @@ def test_a_password_file_named_by_the_environment_must_exist(
     monkeypatch.setenv("FUSETHROTTLE_BUDGET_PASSWORD_FILE", str(tmp_path / "gone"))
     config = parse_options(["budget=redis://127.0.0.1/x"])
     with pytest.raises(cli.UsageError, match=r"FUSETHROTTLE_BUDGET_PASSWORD_FILE .*gone"):
-        cli._check_budget(config)
+        cli._check_fleet(config)
 
 
 # --- status and metrics of a mount with a budget ----------------------------------------------
@@ -121,7 +121,7 @@ def test_status_and_metrics_show_the_fleet_and_the_fallback(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
     url = f"{redis_server.url}/status"
-    assert budget_main(["set", url, "--metered", "60M"]) == 0
+    assert fleet_main(["set", url, "--metered", "60M"]) == 0
     built = _built(tmp_path, [f"budget={url}", "budget_timeout=200ms"])
     fleet = built.mount.fleet
     assert fleet is not None
@@ -187,7 +187,7 @@ def test_a_mount_writes_through_a_redis_outage_and_rejoins(
     """The writer never sees Redis go: its writes succeed throughout, the mount says it is on
     the fallback budget while Redis is away, and joins the fleet again when it is back."""
     url = f"{redis_server.url}/mount"
-    assert budget_main(["set", url, "--metered", "200M"]) == 0
+    assert fleet_main(["set", url, "--metered", "200M"]) == 0
     ft = make_mount(options=[f"budget={url}", "budget_timeout=200ms"])
     ft.expect_log_problems = True  # the outage is logged on purpose; checked below
     data = os.urandom(MiB)

@@ -18,13 +18,13 @@ from redis_util import RedisServer, make_tls_files, require_redis
 
 from fusethrottle.fleet_redis import (
     BUCKET_SECONDS,
-    BudgetNotSet,
-    RedisBudget,
+    FleetNotSet,
+    RedisFleetStore,
     StoreError,
     keys,
     read_password,
 )
-from fusethrottle.options import parse_budget_url
+from fusethrottle.options import parse_fleet_url
 
 MiB = 1 << 20
 RATE = 60 * MiB
@@ -34,14 +34,16 @@ HOLD = 600.0
 _names = itertools.count()
 
 
-def budget(server: RedisServer, name: str = "fleet", password: str | None = None) -> RedisBudget:
-    return RedisBudget(parse_budget_url(f"{server.url}/{name}"), password, timeout=0.5)
+def fleet_store(
+    server: RedisServer, name: str = "fleet", password: str | None = None
+) -> RedisFleetStore:
+    return RedisFleetStore(parse_fleet_url(f"{server.url}/{name}"), password, timeout=0.5)
 
 
 @pytest.fixture
-def fleet(redis_server: RedisServer) -> RedisBudget:
-    b = budget(redis_server)
-    b.set_budget(RATE, UNITS)
+def fleet(redis_server: RedisServer) -> RedisFleetStore:
+    b = fleet_store(redis_server)
+    b.set_rates(RATE, UNITS)
     return b
 
 
@@ -82,15 +84,15 @@ def hold_ran_out(server: RedisServer, name: str, mount_id: str) -> None:
 
 
 def test_a_budget_nobody_set_is_reported_as_such(redis_server: RedisServer) -> None:
-    with pytest.raises(BudgetNotSet):
-        budget(redis_server, "unset").grant("a", 1, (MiB, 0), hold=1)
+    with pytest.raises(FleetNotSet):
+        fleet_store(redis_server, "unset").grant("a", 1, (MiB, 0), hold=1)
 
 
-def test_the_budget_is_read_back_as_set(fleet: RedisBudget) -> None:
-    assert fleet.read_budget() == (RATE, UNITS)
+def test_the_budget_is_read_back_as_set(fleet: RedisFleetStore) -> None:
+    assert fleet.read_rates() == (RATE, UNITS)
 
 
-def test_a_lone_mount_gets_the_whole_rate_as_its_share(fleet: RedisBudget) -> None:
+def test_a_lone_mount_gets_the_whole_rate_as_its_share(fleet: RedisFleetStore) -> None:
     grant = fleet.grant("a", 1, (16 * MiB, 100), hold=1)
     assert grant.mounts == 1
     assert grant.share_metered == RATE
@@ -100,7 +102,7 @@ def test_a_lone_mount_gets_the_whole_rate_as_its_share(fleet: RedisBudget) -> No
     assert grant.units == 100
 
 
-def test_two_mounts_share_equally_and_weights_tilt_it(fleet: RedisBudget) -> None:
+def test_two_mounts_share_equally_and_weights_tilt_it(fleet: RedisFleetStore) -> None:
     fleet.grant("a", 1, (MiB, 0), hold=HOLD)
     b = fleet.grant("b", 1, (MiB, 0), hold=HOLD)
     assert b.mounts == 2
@@ -135,8 +137,8 @@ def test_writing_mounts_share_the_rate_by_weight_and_an_idle_one_gives_its_share
     rate. A mount that releases, or stops asking until its hold runs out, leaves: the ones
     still writing share the whole rate among themselves, by their weights."""
     name = f"share{next(_names)}"
-    store = budget(redis_server, name)
-    store.set_budget(RATE, UNITS)
+    store = fleet_store(redis_server, name)
+    store.set_rates(RATE, UNITS)
     ids = [f"m{i}" for i in range(len(mounts))]
     for mount_id, (weight, _) in zip(ids, mounts, strict=True):
         store.grant(mount_id, weight, (1, 1), hold=HOLD)
@@ -165,7 +167,7 @@ def test_writing_mounts_share_the_rate_by_weight_and_an_idle_one_gives_its_share
     store.close()
 
 
-def test_one_grant_is_capped_at_a_second_of_the_share(fleet: RedisBudget) -> None:
+def test_one_grant_is_capped_at_a_second_of_the_share(fleet: RedisFleetStore) -> None:
     fleet.grant("a", 1, (1, 0), hold=HOLD)
     # b alone could drain the whole bucket; with a active it gets its half (the bucket holds
     # only BUCKET_SECONDS of the rate, so the bucket is the tighter bound here).
@@ -174,7 +176,7 @@ def test_one_grant_is_capped_at_a_second_of_the_share(fleet: RedisBudget) -> Non
 
 
 def test_greedy_mounts_never_get_more_than_the_bucket_refills(
-    redis_server: RedisServer, fleet: RedisBudget
+    redis_server: RedisServer, fleet: RedisFleetStore
 ) -> None:
     """Whatever the speed of the callers: granted <= one full bucket + rate x the time that
     passed on Redis's clock, the one the script refills by (a slow machine only widens it)."""
@@ -187,7 +189,7 @@ def test_greedy_mounts_never_get_more_than_the_bucket_refills(
 
 
 def test_a_mount_that_stops_asking_leaves_when_its_hold_runs_out(
-    redis_server: RedisServer, fleet: RedisBudget
+    redis_server: RedisServer, fleet: RedisFleetStore
 ) -> None:
     """A grant's *hold* is when the mount stops counting, in Redis's time; the first grant
     after that drops it, and its share goes to the others."""
@@ -205,7 +207,7 @@ def test_a_mount_that_stops_asking_leaves_when_its_hold_runs_out(
     assert active_until(redis_server, "fleet", "a") is None
 
 
-def test_a_released_mount_leaves_at_once_and_returns_its_tokens(fleet: RedisBudget) -> None:
+def test_a_released_mount_leaves_at_once_and_returns_its_tokens(fleet: RedisFleetStore) -> None:
     fleet.grant("a", 1, (MiB, 0), hold=HOLD)
     fleet.grant("b", 1, (RATE, 0), hold=HOLD)  # b takes what it may
     released = fleet.grant("a", 1, (0, 0), hold=HOLD, give_back=(RATE, 0))
@@ -215,16 +217,16 @@ def test_a_released_mount_leaves_at_once_and_returns_its_tokens(fleet: RedisBudg
 
 
 def test_budgets_of_different_names_are_separate(redis_server: RedisServer) -> None:
-    one, two = budget(redis_server, "one"), budget(redis_server, "two")
-    one.set_budget(10 * MiB, 0)
-    two.set_budget(20 * MiB, 0)
+    one, two = fleet_store(redis_server, "one"), fleet_store(redis_server, "two")
+    one.set_rates(10 * MiB, 0)
+    two.set_rates(20 * MiB, 0)
     one.grant("a", 1, (MiB, 0), hold=HOLD)
     assert two.grant("b", 1, (MiB, 0), hold=HOLD).mounts == 1
     assert two.grant("b", 1, (MiB, 0), hold=HOLD).share_metered == 20 * MiB
 
 
 def test_a_killed_redis_is_an_error_and_a_restarted_one_has_the_budget(
-    redis_server: RedisServer, fleet: RedisBudget
+    redis_server: RedisServer, fleet: RedisFleetStore
 ) -> None:
     redis_server.kill()
     with pytest.raises(StoreError):
@@ -234,7 +236,7 @@ def test_a_killed_redis_is_an_error_and_a_restarted_one_has_the_budget(
 
 
 def test_a_hung_redis_gives_an_error_not_a_hang(
-    redis_server: RedisServer, fleet: RedisBudget
+    redis_server: RedisServer, fleet: RedisFleetStore
 ) -> None:
     redis_server.pause()
     try:
@@ -252,11 +254,11 @@ def test_password_from_a_file(tmp_path: Path) -> None:
         secret = tmp_path / "pw"
         secret.write_text("s3cret-budget\n")
         with pytest.raises(StoreError):
-            budget(server, password=None).set_budget(MiB, 0)
+            fleet_store(server, password=None).set_rates(MiB, 0)
         with pytest.raises(StoreError):
-            budget(server, password="wrong").set_budget(MiB, 0)
-        good = budget(server, password=read_password(str(secret)))
-        good.set_budget(MiB, 0)
+            fleet_store(server, password="wrong").set_rates(MiB, 0)
+        good = fleet_store(server, password=read_password(str(secret)))
+        good.set_rates(MiB, 0)
         assert good.grant("a", 1, (MiB, 0), hold=1).share_metered == MiB
     finally:
         server.stop()
@@ -283,17 +285,17 @@ def test_rediss_with_a_ca_file(tmp_path: Path) -> None:
     server = RedisServer(tmp_path, tls=tls)
     server.start()
     try:
-        address = parse_budget_url(f"{server.url}/tls")
+        address = parse_fleet_url(f"{server.url}/tls")
         assert address.tls
-        good = RedisBudget(address, None, timeout=2.0, ca_file=str(tls.ca))
-        good.set_budget(MiB, 0)
+        good = RedisFleetStore(address, None, timeout=2.0, ca_file=str(tls.ca))
+        good.set_rates(MiB, 0)
         assert good.grant("a", 1, (MiB, 0), hold=1).share_metered == MiB
-        plain = RedisBudget(parse_budget_url(f"redis://127.0.0.1:{server.port}/tls"), None)
+        plain = RedisFleetStore(parse_fleet_url(f"redis://127.0.0.1:{server.port}/tls"), None)
         with pytest.raises(StoreError):
-            plain.read_budget()
-        untrusted = RedisBudget(address, None, timeout=2.0)  # the system CAs do not know it
+            plain.read_rates()
+        untrusted = RedisFleetStore(address, None, timeout=2.0)  # the system CAs do not know it
         with pytest.raises(StoreError):
-            untrusted.read_budget()
+            untrusted.read_rates()
     finally:
         server.stop()
 
@@ -313,14 +315,14 @@ def test_mounts_hear_each_other_join_and_leave(redis_server: RedisServer) -> Non
     next lease: b hears a join and then leave, and ends with the whole rate again."""
     import trio
 
-    from fusethrottle.fleet import FleetBudget
+    from fusethrottle.fleet import FleetShare
 
-    budget(redis_server).set_budget(RATE, 0)  # the budget "fleet"
+    fleet_store(redis_server).set_rates(RATE, 0)  # the budget "fleet"
 
-    def mount(name: str) -> FleetBudget:
-        return FleetBudget(lambda: budget(redis_server), budget="test", mount_id=name)
+    def mount(name: str) -> FleetShare:
+        return FleetShare(lambda: fleet_store(redis_server), url="test", mount_id=name)
 
-    async def write(fleet: FleetBudget) -> None:
+    async def write(fleet: FleetShare) -> None:
         while True:
             await fleet.acquire(MiB, 0)
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fusethrottle.options import (
-    BudgetAddress,
+    FleetAddress,
     GiB,
     MiB,
     OptionError,
@@ -187,13 +187,13 @@ def test_budget_url_and_its_options() -> None:
             "budget_timeout=250ms",
         ]
     )
-    assert config.budget == BudgetAddress("redis.internal", 6380, "efs-prod", True, "backup")
+    assert config.budget == FleetAddress("redis.internal", 6380, "efs-prod", True, "backup")
     assert str(config.budget) == "rediss://backup@redis.internal:6380/efs-prod"
     assert config.budget_weight == 2.0
     assert config.budget_fallback == 20 * MiB
     assert config.budget_timeout == 0.25
     plain = parse_options(["budget=redis://10.0.0.5/nightly", "budget_fallback=share"])
-    assert plain.budget == BudgetAddress("10.0.0.5", 6379, "nightly")
+    assert plain.budget == FleetAddress("10.0.0.5", 6379, "nightly")
     assert plain.budget_fallback == 0.0
     assert parse_options([]).budget is None
 

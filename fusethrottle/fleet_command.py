@@ -11,16 +11,16 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .options import OptionError, parse_budget_url, parse_rate
+from .options import OptionError, parse_fleet_url, parse_rate
 
 
-class BudgetCommandError(Exception):
+class FleetCommandError(Exception):
     """A bad command line; the message is the one line shown."""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise BudgetCommandError(f"budget: {message} (see fusethrottle budget --help)")
+        raise FleetCommandError(f"budget: {message} (see fusethrottle budget --help)")
 
 
 def _parser() -> _Parser:
@@ -62,16 +62,16 @@ def _parser() -> _Parser:
 def main(argv: Sequence[str]) -> int:
     try:
         args = _parser().parse_args(list(argv))
-        address = parse_budget_url(args.url)
+        address = parse_fleet_url(args.url)
         metered = units = 0.0
         if args.action == "set":
             metered, units = parse_rate(args.metered), parse_rate(args.ops)
             if metered <= 0 and units <= 0:
-                raise BudgetCommandError("budget set: give --metered RATE, --ops UNITS or both")
-    except (BudgetCommandError, OptionError) as err:
+                raise FleetCommandError("budget set: give --metered RATE, --ops UNITS or both")
+    except (FleetCommandError, OptionError) as err:
         print(f"fusethrottle: {err}", file=sys.stderr)
         return 2
-    from .fleet_redis import RedisBudget, StoreError, read_password
+    from .fleet_redis import RedisFleetStore, StoreError, read_password
 
     try:
         password = read_password(args.password_file)
@@ -79,14 +79,14 @@ def main(argv: Sequence[str]) -> int:
         print(f"fusethrottle: budget: password file: {err}", file=sys.stderr)
         return 2
     try:
-        store = RedisBudget(address, password, timeout=args.timeout, ca_file=args.ca or None)
+        store = RedisFleetStore(address, password, timeout=args.timeout, ca_file=args.ca or None)
     except ImportError:
         print("fusethrottle: budget needs the Python redis client (python3-redis)", file=sys.stderr)
         return 1
     try:
         if args.action == "set":
-            store.set_budget(metered, units)
-        rates = store.read_budget()
+            store.set_rates(metered, units)
+        rates = store.read_rates()
         active = store.active()
     except StoreError as err:
         print(f"fusethrottle: budget: {err}", file=sys.stderr)
