@@ -29,6 +29,7 @@ from typing import Protocol
 
 import trio
 
+from .fleet_redis import RedisFleetStore, StoreError, read_password
 from .fleet_share import (
     ACTIVE_HOLD_FACTOR,
     LEASE_MAX_SECONDS,
@@ -208,8 +209,6 @@ class FleetShare:
         """Listen for changes of the fleet (fleet_redis.watch) in a thread of its own, so a
         mount joining or leaving moves every share at once, not at each mount's next lease.
         Best effort: without it the shares still follow at the next lease."""
-        from .fleet_redis import StoreError
-
         token = trio.lowlevel.current_trio_token()
         stop = threading.Event()
 
@@ -286,8 +285,6 @@ class FleetShare:
         self, want: tuple[float, float], hold: float, give_back: tuple[float, float] = (0.0, 0.0)
     ) -> Grant | None:
         """One round trip in a worker thread, under the deadline; None (and fallback) on failure."""
-        from .fleet_redis import StoreError
-
         store = self._store
         assert store is not None
         self.round_trips_total += 1
@@ -403,8 +400,6 @@ def from_config(config: Config) -> FleetShare | None:
     """The mount's FleetShare for ``budget=...``, or None without one."""
     if config.budget is None:
         return None
-    from .fleet_redis import RedisFleetStore, read_password
-
     address = config.budget
     password_file = config.budget_password_file
 

@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .fleet_redis import RedisFleetStore, StoreError, read_password
 from .options import OptionError, parse_fleet_url, parse_rate
 
 
@@ -71,8 +72,6 @@ def main(argv: Sequence[str]) -> int:
     except (FleetCommandError, OptionError) as err:
         print(f"fusethrottle: {err}", file=sys.stderr)
         return 2
-    from .fleet_redis import RedisFleetStore, StoreError, read_password
-
     try:
         password = read_password(args.password_file)
     except OSError as err:

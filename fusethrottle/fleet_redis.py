@@ -31,12 +31,10 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .fleet_share import BUCKET_SECONDS, GRANT_CAP_SECONDS, Grant
-
-if TYPE_CHECKING:
-    from .options import FleetAddress
+from .options import FleetAddress
 
 log = logging.getLogger(__name__)
 

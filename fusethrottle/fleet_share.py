@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .ceilings import TokenBucket
+from .token_bucket import TokenBucket
 
 MiB = 1 << 20
 

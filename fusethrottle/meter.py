@@ -1,7 +1,7 @@
 """EFS-style metering: what each operation the daemon sends to the target costs.
 
 Pure: no I/O and no clock, so the numbers are tested exactly. The ceilings that hold a mount to
-a rate of these costs, and their token buckets, are elsewhere (ceilings.py).
+a rate of these costs are ceilings.py (their token buckets: token_bucket.py).
 
 Why meter like Amazon EFS: EFS does not bill or throttle by bytes moved but by *metered*
 bytes and *file-operation units*. A backup that writes many small files is therefore throttled

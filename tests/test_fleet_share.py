@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from fusethrottle.ceilings import TokenBucket
 from fusethrottle.fleet_share import (
     IDLE_RELEASE,
     LEASE_EXPIRY_FACTOR,
@@ -19,6 +18,7 @@ from fusethrottle.fleet_share import (
     LeasePool,
     lease_seconds,
 )
+from fusethrottle.token_bucket import TokenBucket
 
 MiB = 1 << 20
 GiB = 1 << 30
