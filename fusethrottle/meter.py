@@ -33,10 +33,7 @@ import dataclasses
 import enum
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .options import Config
+from typing import Protocol
 
 KiB = 1024
 
@@ -148,7 +145,18 @@ def profile(name: str, **overrides: int | float) -> MeterProfile:
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 
 
-def profile_for(config: Config) -> MeterProfile:
+class MeterOptions(Protocol):
+    """What :func:`profile_for` reads of a mount's options (options.Config, which validates
+    them against this module: the dependency goes that way)."""
+
+    @property
+    def meter(self) -> str: ...
+
+    @property
+    def meter_overrides(self) -> tuple[tuple[str, float], ...]: ...
+
+
+def profile_for(config: MeterOptions) -> MeterProfile:
     """The profile a mount's options ask for: ``meter=`` plus any ``meter_<field>=``."""
     return profile(config.meter, **dict(config.meter_overrides))
 

@@ -12,6 +12,8 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from .meter import PROFILES, profile
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -119,7 +121,7 @@ def _positive_float(text: str) -> float:
 
 
 MODES = ("off", "static", "adaptive")
-METER_PROFILES = ("efs", "efs-legacy", "none")
+METER_PROFILES = tuple(PROFILES)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 XATTR_MODES = ("auto", "on", "off")
 MEMORY_CGROUP_MODES = ("auto", "off")
@@ -411,8 +413,6 @@ def validate(config: Config) -> None:
         raise OptionError("budget_timeout must be between 10ms and 10s")
     if config.budget_ca and (config.budget is None or not config.budget.tls):
         raise OptionError("budget_ca is for a rediss:// (TLS) budget")
-    from .meter import profile  # pure; imported here to keep this module's imports minimal
-
     try:
         profile(config.meter, **dict(config.meter_overrides))
     except ValueError as err:
