@@ -92,13 +92,23 @@ def metadata(project: dict[str, Any]) -> str:
     ]
     if "description" in project:
         lines.append(f"Summary: {project['description']}")
-    license_text = project.get("license", {}).get("text")
+    license_text = _license(project)
     if license_text:
         lines.append(f"License: {license_text}")
     if "requires-python" in project:
         lines.append(f"Requires-Python: {project['requires-python']}")
     lines.extend(f"Requires-Dist: {r}" for r in project.get("dependencies", []))
     return "\n".join(lines)
+
+
+def _license(project: dict[str, Any]) -> str | None:
+    """``license = "Apache-2.0"`` (an SPDX expression, PEP 639) or the older table form
+    ``license = { text = "..." }``. Either goes to the License field: Metadata-Version 2.1 has
+    no License-Expression, and 2.1 is what Debian 12's pip and importlib read without a word."""
+    value = project.get("license")
+    if isinstance(value, dict):
+        value = value.get("text")
+    return value or None
 
 
 def entry_points(project: dict[str, Any]) -> str:
