@@ -65,19 +65,6 @@ CLOSE_GRACE = 5.0
 
 Observer = Callable[[str, int], None]
 
-try:  # trio >= 0.23 renamed the keyword; Debian 12 ships 0.22.
-    import inspect
-
-    _ABANDON = (
-        "abandon_on_cancel"
-        if "abandon_on_cancel" in inspect.signature(trio.to_thread.run_sync).parameters
-        else "cancellable"
-    )
-except (TypeError, ValueError):  # pragma: no cover - signature always available in CPython
-    _ABANDON = "cancellable"
-#: Keyword arguments that let a cancelled caller leave a thread stuck on the target behind.
-ABANDON_KW = {_ABANDON: True}
-
 
 class Backend:
     """Async facade over the target; every method runs its syscalls in a worker thread."""

@@ -29,14 +29,13 @@ import trio
 
 from . import _libc, sdnotify
 from .admission import WindowGate
-from .backend import ABANDON_KW as _ABANDON_KW
 from .backend import Backend
 from .budget import WriteBudget
 from .ceilings import Ceilings
 from .controller import Controller, make_controller
 from .credentials import Callers, ThreadCredentials, can_switch
 from .events import Events, NullEvents
-from .fleet import FleetBudget
+from .fleet import FleetShare
 from .fleet import from_config as fleet_from_config
 from .flusher import Flusher
 from .init_flags import KillprivV2
@@ -51,6 +50,7 @@ from .mountinfo import containing_mount, find_mount, mounts
 from .ops import Operations
 from .options import Config, memory_cgroup_limit
 from .target_calls import target_has_xattrs
+from .trio_compat import ABANDON_KW as _ABANDON_KW
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Mount:
     #: Where the target's page cache is charged (set by serve; None in tests that build alone).
     memory_cgroup: OwnMemoryCgroup | None = None
     #: This mount's part of a fleet budget (budget=redis://...), drawn from by the ceilings.
-    fleet: FleetBudget | None = None
+    fleet: FleetShare | None = None
 
 
 def effective_window(window: int, commit_rate: float | None) -> int:

@@ -392,10 +392,6 @@ class FleetShare:
         )
 
 
-#: The name daemon.py still imports; it goes once daemon.py imports FleetShare (issue 30).
-FleetBudget = FleetShare
-
-
 def from_config(config: Config) -> FleetShare | None:
     """The mount's FleetShare for ``budget=...``, or None without one."""
     if config.budget is None:
