@@ -75,6 +75,7 @@ class Backend:
         sync_threads: int = 8,
         observer: Observer | None = None,
         credentials: ThreadCredentials | None = None,
+        kernel_checked: bool = True,
     ) -> None:
         self.meta = WorkerPool("meta", threads)
         self.data = WorkerPool("data", threads)
@@ -82,6 +83,9 @@ class Backend:
         self.observer = observer
         #: Set when calls run as their callers (credentials.py); None: all as the daemon.
         self.credentials = credentials
+        #: The kernel checked each caller's rights before the request (default_permissions);
+        #: False with permissions=target, where nothing may be retried with the daemon's.
+        self.kernel_checked = kernel_checked
         #: (node id, fd) of released files, closed in batches (see close_soon).
         self._to_close: list[tuple[int, int]] = []
         self._close_wakeup = trio.Event()
@@ -174,7 +178,7 @@ class Backend:
             # from the kernel itself: the set-ID bits it takes away on a non-owner's write, the
             # times the write-back cache keeps. Those need no rights of the caller's on a local
             # file system; the target refusing the caller must not fail them.
-            if caller is None or err.errno != errno.EPERM:
+            if caller is None or err.errno != errno.EPERM or not self.kernel_checked:
                 raise
             result = await self._run(self.meta, None, _setattr, *args)
         self._seen("setattr")
@@ -237,6 +241,17 @@ class Backend:
 
         result = await self._change(caller, (new_dir,), run, discard=close_created)
         self._seen("link")
+        return result
+
+    async def access(self, caller: Caller | None, path_fd: int, mode: int) -> bool:
+        """Whether the caller may (access(2) checked by the target, with the caller's file
+        system ids: effective_ids makes it faccessat(AT_EACCESS), which uses them)."""
+
+        def may() -> bool:
+            return os.access(proc_path(path_fd), mode, effective_ids=True)
+
+        result = await self._run(self.meta, caller, may)
+        self._seen("getattr")
         return result
 
     async def statfs(self, caller: Caller | None, path_fd: int) -> os.statvfs_result:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
+from .credentials import can_switch
 from .mountinfo import find_mount
 from .options import Config, OptionError, parse_options, split_options
 
@@ -127,6 +128,11 @@ def check_environment(config: Config) -> None:
         raise UsageError("no permission to open /dev/fuse")
     if config.allow_other and os.geteuid() != 0 and not _user_allow_other():
         raise UsageError("allow_other needs root, or 'user_allow_other' in /etc/fuse.conf")
+    if config.permissions == "target" and not can_switch():
+        raise UsageError(
+            "permissions=target needs a daemon running as root (it makes each call as its "
+            "caller; as anyone else, every caller would get the daemon's rights)"
+        )
     if config.budget is not None:
         _check_fleet(config)
 

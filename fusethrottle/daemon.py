@@ -130,6 +130,7 @@ def build(
         config.threads,
         observer=observer,
         credentials=ThreadCredentials() if switching else None,
+        kernel_checked=config.permissions == "kernel",
     )
     root_fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     inodes = InodeTable(root_fd, os.fstat(root_fd))
@@ -215,6 +216,7 @@ def build(
         budget=budget,
         flusher=flusher,
         attr_timeout=config.attr_timeout,
+        target_decides=config.permissions == "target",
         writeback_cache=config.writeback_cache,
         events=events,
         ceilings=ceilings if ceilings.active else None,
@@ -247,10 +249,11 @@ def build(
 
 def fuse_options(config: Config) -> set[str]:
     options = {
-        "default_permissions",
         f"fsname={config.fsname or config.source}",
         "subtype=fusethrottle",
     }
+    if config.permissions == "kernel":
+        options.add("default_permissions")
     if config.allow_other:
         options.add("allow_other")
     if config.read_only:
@@ -293,6 +296,8 @@ class Daemon:
         self.extra_tasks: list[Callable[..., object]] = []
         self.exit_code = 0
         self._mount_id: str | None = None
+        #: When the whole shutdown must be over (set when it starts: unmount_timeout from then).
+        self._stop_deadline: float | None = None
 
     async def run(self) -> int:
         config = self.mount.config
@@ -415,18 +420,27 @@ class Daemon:
         if not self.mount.config.writeback_cache:
             return
         mountpoint = self.mount.config.mountpoint
+        fd: int | None = None
         try:
             # Opened before the cache closes: afterwards the kernel could not check the path.
-            fd = await trio.to_thread.run_sync(
-                os.open, mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-            )
+            # The open asks this daemon, which may ask a hung target: bounded like the rest.
+            deadline = self._shutdown_deadline()
+            with trio.move_on_at(deadline):
+                fd = await trio.to_thread.run_sync(
+                    os.open, mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, **_ABANDON_KW
+                )
         except OSError as err:
             log.error("cannot write back the kernel's cache of %s: %s", mountpoint, err)
+            return
+        if fd is None:
+            log.error(
+                "cannot write back the kernel's cache of %s: the mount did not answer", mountpoint
+            )
             return
         self.mount.ops.close_the_cache()
         ledger = self.mount.ledger
         try:
-            with trio.move_on_after(self.mount.config.unmount_timeout):
+            with trio.move_on_at(deadline):
                 await trio.to_thread.run_sync(_libc.syncfs, fd, **_ABANDON_KW)
                 while True:
                     before = ledger.written_total
@@ -468,10 +482,15 @@ class Daemon:
         inode = self.mount.inodes.get(nodeid)
         return inode is not None and inode.removed is not None
 
+    def _shutdown_deadline(self) -> float:
+        """unmount_timeout from when the shutdown began (a signal, or the kernel's unmount)."""
+        if self._stop_deadline is None:
+            self._stop_deadline = trio.current_time() + self.mount.config.unmount_timeout
+        return self._stop_deadline
+
     async def _flush_everything(self) -> None:
-        timeout = self.mount.config.unmount_timeout
         ledger = self.mount.ledger
-        with trio.move_on_after(timeout) as scope:
+        with trio.move_on_at(self._shutdown_deadline()) as scope:
             failed = await self.mount.flusher.flush_all("unmount")
         if scope.cancelled_caught:
             failed = [n for n, s in ledger.files.items() if s.unsynced > 0]

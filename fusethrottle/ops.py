@@ -198,6 +198,7 @@ class Operations(pyfuse3.Operations):
         budget: WriteBudget,
         flusher: Flusher,
         attr_timeout: float = 1.0,
+        target_decides: bool = False,
         writeback_cache: bool = False,
         events: Events | None = None,
         ceilings: Ceilings | None = None,
@@ -215,6 +216,11 @@ class Operations(pyfuse3.Operations):
         self.ledger = budget.ledger  # read-only here: every change goes through the budget
         self.flusher = flusher
         self.attr_timeout = attr_timeout
+        # permissions=target: the kernel checks nothing (no default_permissions) and every
+        # call reaches the target as its caller, which decides. A cached name would let a
+        # path walk pass a directory without asking anyone: names are not cached then.
+        self.target_decides = target_decides
+        self.entry_timeout = 0.0 if target_decides else attr_timeout
         self.enable_writeback_cache = writeback_cache
         # Without xattrs, getxattr answers ENOSYS once and the kernel stops asking, which takes
         # its security.capability question (one round trip per write()) off the write path.
@@ -244,7 +250,7 @@ class Operations(pyfuse3.Operations):
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = nodeid
         attr.generation = self.inodes.generation_for(nodeid)
-        attr.entry_timeout = self.attr_timeout
+        attr.entry_timeout = self.entry_timeout
         attr.attr_timeout = self.attr_timeout
         attr.st_mode = st.st_mode
         attr.st_nlink = st.st_nlink
@@ -610,6 +616,13 @@ class Operations(pyfuse3.Operations):
                 self.callers.of(ctx), node.path_fd, parent.path_fd, new_name
             )
         return self._entry(created, new_parent_inode, new_name, shown=False)
+
+    @_replies
+    async def access(self, inode: int, mode: int, ctx: Any = None) -> bool:
+        """access(2) and chdir with permissions=target (the kernel asks only then): the
+        target's answer to the caller."""
+        node = self.inodes[inode]
+        return await self.backend.access(self.callers.of(ctx), node.path_fd, mode)
 
     @_replies
     async def statfs(self, ctx: Any = None) -> Any:

@@ -127,6 +127,9 @@ XATTR_MODES = ("auto", "on", "off")
 MEMORY_CGROUP_MODES = ("auto", "off")
 #: Whom calls to the target run as (credentials.py): the process that asked, or the daemon.
 CREDENTIAL_MODES = ("caller", "daemon")
+#: Who decides whether a caller may: the kernel, from the attributes (default_permissions), or
+#: the target itself, asked as the caller (an export that maps ids: all_squash, anonuid).
+PERMISSION_MODES = ("kernel", "target")
 #: Room in the daemon's own memory cgroup beyond the largest window: the daemon itself, the
 #: target's metadata, and read cache for a restore.
 MEMORY_CGROUP_HEADROOM = 512 * MiB
@@ -150,6 +153,7 @@ class Config:
     threads: int = 32
     fsname: str = ""
     credentials: str = "caller"
+    permissions: str = "kernel"
     # memory (see memory_cgroup.py and flusher.py)
     memory_cgroup: str = "auto"
     memory_cgroup_limit: int = 0  # 0: window_max + MEMORY_CGROUP_HEADROOM
@@ -265,6 +269,7 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "threads": _positive_int,
     "fsname": str,
     "credentials": _choice(CREDENTIAL_MODES),
+    "permissions": _choice(PERMISSION_MODES),
     "memory_cgroup": _choice(MEMORY_CGROUP_MODES),
     "memory_cgroup_limit": parse_size,
     "mode": _choice(MODES),
@@ -397,6 +402,8 @@ def validate(config: Config) -> None:
         raise OptionError("max_age must be positive")
     if config.attr_timeout < 0:
         raise OptionError("attr_timeout must not be negative")
+    if config.permissions == "target" and config.credentials != "caller":
+        raise OptionError("permissions=target needs credentials=caller")
     if config.metered_limit < 0 or config.ops_limit < 0:
         raise OptionError("metered_limit and ops_limit must not be negative")
     if config.admission_timeout <= 0:

@@ -468,3 +468,70 @@ def test_the_kernel_stops_asking_per_write_and_set_id_bits_still_drop(
     subprocess.run(["sync", "-f", str(mnt.mountpoint / "shared")], check=True, timeout=60)
     assert shared.stat().st_mode & 0o7777 == 0o777
     assert shared.read_bytes() == b"y" * 4096 + b"x" * (255 * 4096)
+
+
+#: Run as another user: what it may do through a permissions=target mount (one line each).
+PROBE = textwrap.dedent(
+    """
+    import errno, json, os, sys
+    mnt = sys.argv[1]
+    out = {}
+    def step(name, fn):
+        try:
+            fn()
+            out[name] = "ok"
+        except OSError as err:
+            out[name] = errno.errorcode.get(err.errno, str(err.errno))
+    step("read private/file", lambda: open(os.path.join(mnt, "private", "file")).read())
+    step("stat private/file", lambda: os.stat(os.path.join(mnt, "private", "file")))
+    step("list private", lambda: os.listdir(os.path.join(mnt, "private")))
+    step("chmod others", lambda: os.chmod(os.path.join(mnt, "others"), 0o666))
+    step("utime others", lambda: os.utime(os.path.join(mnt, "others"), (1, 1)))
+    step("write others", lambda: open(os.path.join(mnt, "others"), "a").write("x"))
+    out["access w others"] = os.access(os.path.join(mnt, "others"), os.W_OK)
+    out["access r others"] = os.access(os.path.join(mnt, "others"), os.R_OK)
+    step("write own", lambda: open(os.path.join(mnt, "pg", "mine"), "w").write("x"))
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.mount
+@needs_switching
+def test_with_permissions_target_nothing_the_target_refuses_gets_through(
+    make_mount: MakeMount, squashed_target: Path
+) -> None:
+    """permissions=target leaves every decision to the target (for exports that map ids, as
+    all_squash does, where the kernel's check against the stored owner is wrong). Without the
+    kernel's check, a cached name must not let a walk past a directory the caller may not
+    search, and nothing the target refuses a caller may be retried with the daemon's rights."""
+    private = squashed_target / "private"
+    private.mkdir(mode=0o700)
+    (private / "file").write_text("secret")
+    (private / "file").chmod(0o644)
+    others = squashed_target / "others"
+    others.write_text("theirs")
+    others.chmod(0o644)
+    os.chown(others, OTHER_USER, OTHER_USER)
+    mnt = make_mount(squashed_target, (*OPTIONS, "permissions=target"))
+    assert (mnt.mountpoint / "private" / "file").read_text() == "secret"  # root's walk: cached
+    result = subprocess.run(
+        [*as_user(BACKUP_USER), "/usr/bin/python3", "-c", PROBE, str(mnt.mountpoint)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    seen = json.loads(result.stdout)
+    assert seen == {
+        "read private/file": "EACCES",
+        "stat private/file": "EACCES",
+        "list private": "EACCES",
+        "chmod others": "EPERM",
+        "utime others": "EPERM",
+        "write others": "EACCES",
+        "access w others": False,
+        "access r others": True,
+        "write own": "ok",
+    }
+    assert others.read_text() == "theirs" and others.stat().st_mode & 0o777 == 0o644

@@ -262,6 +262,10 @@ BAD_INPUT = {
     "unknown argument": (["{w}/src", "{w}/mnt", "--bogus"], ["--bogus"]),
     "one path only": (["{w}/src"], ["SOURCE and MOUNTPOINT"]),
     "background, missing source": (["{w}/nosuch", "{w}/mnt"], ["does not exist"]),
+    "permissions=target as the daemon": (
+        ["{w}/src", "{w}/mnt", "-o", "permissions=target,credentials=daemon", "-f"],
+        ["permissions=target", "credentials=caller"],
+    ),
 }
 
 
