@@ -10,6 +10,10 @@ import pytest
 from lab import IN_LAB, fresh_dir, small_export
 from mount_util import Daemon
 
+#: As in tests/conftest.py: test_mount_tools (whose helpers the lab tests use) imports it from
+#: "conftest", which is this module when tests/nfs is collected.
+MakeMount = Callable[..., Daemon]
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if IN_LAB:

@@ -33,7 +33,8 @@ Outcome = str  # "ok: <what was seen>" or "errno: <name>"
 
 def attempt(fn: Callable[[], object]) -> Outcome:
     try:
-        return f"ok: {fn()!r}"
+        shown = repr(fn())
+        return f"ok: {shown if len(shown) <= 80 else shown[:80] + '...'}"
     except OSError as err:
         return f"errno: {errno.errorcode.get(err.errno or 0, str(err.errno))}"
 
