@@ -82,11 +82,13 @@ def _catch_up(check: Callable[[Path], object], top: Path, want: Outcome) -> str:
     return f"right {took:.1f} s later"
 
 
-def _no_leaked_descriptors(ft: Daemon, before: int) -> None:
-    """Once the kernel forgets what it cached, the daemon is back to its descriptors of an
-    idle mount (none kept of removed objects), and it still serves."""
-    assert ft.proc.poll() is None, f"the daemon died:\n{ft.log()}"
-    assert ft.answers(), "the mount stopped answering"
+def _leaked_descriptors(ft: Daemon, before: int) -> list[str]:
+    """Complaints unless the daemon is alive, answers, and, once the kernel forgets what it
+    cached, is back to its descriptors of an idle mount (none kept of removed objects)."""
+    if ft.proc.poll() is not None:
+        return [f"the daemon died:\n{ft.log()}"]
+    if not ft.answers():
+        return ["the mount stopped answering"]
 
     def settled() -> bool:
         forget_cached_names()
@@ -95,7 +97,9 @@ def _no_leaked_descriptors(ft: Daemon, before: int) -> None:
     if poll(settled, CATCH_UP, interval=0.5) is None:
         fds = f"/proc/{ft.pid}/fd"
         held = sorted(os.readlink(f"{fds}/{fd}") for fd in os.listdir(fds))
-        pytest.fail(f"the daemon holds {len(held)} descriptors, {before} before: {held}")
+        return [f"the daemon holds {len(held)} descriptors, {before} before: {held}"]
+    print(f"descriptors: {open_fds(ft.pid)} after, {before} before")  # pytest -rA
+    return []
 
 
 def _problems(ft: Daemon) -> list[str]:
@@ -147,9 +151,9 @@ def test_directory_removed_and_recreated_by_another_host(
     if complaints:
         late = _catch_up(checks["read D/new"], ft.mountpoint, expected["read D/new"])
         complaints.append(f"then read D/new through the mount: {late}")
+    complaints += _leaked_descriptors(ft, before)
     assert not complaints, f"NFS {version()}:\n" + "\n".join(complaints)
     assert not _problems(ft), ft.log()
-    _no_leaked_descriptors(ft, before)
 
 
 def test_files_rewritten_renamed_and_removed_by_another_host(
@@ -207,9 +211,13 @@ def test_files_rewritten_renamed_and_removed_by_another_host(
     complaints = _compare(checks, views, expected)
     eio = [c for c in complaints if "through the mount errno: EIO" in c]
     assert not eio, f"NFS {version()}: EIO through the mount:\n" + "\n".join(eio)
+    for complaint in list(complaints):
+        name = complaint.split(":", 1)[0]
+        late = _catch_up(checks[name], ft.mountpoint, expected[name])
+        complaints.append(f"then {name} through the mount: {late}")
+    complaints += _leaked_descriptors(ft, before)
     assert not complaints, f"NFS {version()}:\n" + "\n".join(complaints)
     assert not _problems(ft), ft.log()
-    _no_leaked_descriptors(ft, before)
 
 
 def _open_then_removed(top: Path, other: Path) -> list[Outcome]:
@@ -224,7 +232,7 @@ def _open_then_removed(top: Path, other: Path) -> list[Outcome]:
         os.unlink(other / "victim")
         (other / "successor").write_bytes(b"successor\n" * 1000)
         time.sleep(AFTER_ATTR_TIMEOUT)
-        seen.append(attempt(lambda: os.pread(reader, 9, 7000)))
+        seen.append(attempt(lambda: os.pread(reader, 9, 700)))
         seen.append(attempt(lambda: os.pwrite(writer, b"late", 0)))
         seen.append(attempt(lambda: os.fsync(writer)))
         seen.append(attempt(lambda: os.fstat(reader).st_size))
@@ -249,9 +257,9 @@ def test_file_removed_by_another_host_while_open_through_the_mount(
     report = f"NFS {version()}: through the mount {mount}\nNFS directly {direct}"
     print(report)  # for the lab's report (pytest -rA)
     assert not any("EIO" in o for o in mount) or any("EIO" in o for o in direct), report
-    assert "successor" not in mount[0], "another file's bytes:\n" + report
+    assert mount[0] in ("ok: b'victim\\nvi'", direct[0]), "other bytes:\n" + report
     assert mount[-2] == "ok: b'successor\\n'", report
     assert mount[-1] in ("errno: ENOENT", "errno: ESTALE") or mount[-1] == direct[-1], report
     assert not _problems(ft), ft.log()
     ft.expect_log_problems = True  # a sync of the vanished file may be logged: told above
-    _no_leaked_descriptors(ft, before)
+    assert not _leaked_descriptors(ft, before)
