@@ -75,15 +75,15 @@ def _compare(through: Outcome, direct: Outcome) -> None:
     assert not through.left or direct.left, "left on the target:" + report
 
 
-def _write_tree(top: Path, files: int, size: int) -> None:
+def _write_tree(top: Path, files: int, size: int, dirs: int) -> None:
     for i in range(files):
-        directory = top / f"d{i % 4}"
+        directory = top / f"d{i % dirs}"
         directory.mkdir(parents=True, exist_ok=True)
         (directory / f"f{i}").write_bytes(os.urandom(size))
 
 
 def _remove_right_after_writing(
-    ft: Daemon, nfs_dir: Path, files: int, size: int
+    ft: Daemon, nfs_dir: Path, files: int, size: int, dirs: int
 ) -> tuple[Outcome, Outcome]:
     assert ft.source is not None
     direct_dir = nfs_dir.parent / (nfs_dir.name + "-direct")
@@ -94,7 +94,7 @@ def _remove_right_after_writing(
         ("NFS directly", direct_dir, direct_dir, None),
     ):
         outcome = Outcome(where)
-        _write_tree(top / "tree", files, size)
+        _write_tree(top / "tree", files, size, dirs)
         _rm_rf(top / "tree", outcome, daemon, target)
         _settle(outcome, target, daemon)
         outcome.left = _listing(target)
@@ -104,14 +104,15 @@ def _remove_right_after_writing(
 
 def test_rm_rf_of_many_small_files_just_written(ft_nfs: Daemon, nfs_dir: Path) -> None:
     """A backup's rotation removes a tree right after writing it: rm -rf succeeds (no
-    ENOTEMPTY from files the daemon still holds) and leaves nothing on the target."""
-    through, direct = _remove_right_after_writing(ft_nfs, nfs_dir, files=200, size=3000)
+    ENOTEMPTY from files the daemon still holds) and leaves nothing on the target. Forty
+    directories of five files: each rmdir comes right after the unlink of its last file."""
+    through, direct = _remove_right_after_writing(ft_nfs, nfs_dir, files=200, size=3000, dirs=40)
     _compare(through, direct)
 
 
 def test_rm_rf_of_a_few_large_files_just_written(ft_nfs: Daemon, nfs_dir: Path) -> None:
     """The same with files of several MiB (the daemon syncs each of them when it is closed)."""
-    through, direct = _remove_right_after_writing(ft_nfs, nfs_dir, files=3, size=6 << 20)
+    through, direct = _remove_right_after_writing(ft_nfs, nfs_dir, files=3, size=6 << 20, dirs=3)
     _compare(through, direct)
 
 
