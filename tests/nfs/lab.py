@@ -7,14 +7,21 @@ sets FTLAB=1 and says where its NFS mounts are; elsewhere they are skipped.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import json
 import os
 import subprocess
+import threading
+import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from bench.nfslab import mountstats
+from bench.nfslab.profiles import EXPORT_ROOT
 
 IN_LAB = os.environ.get("FTLAB") == "1"
 NFS = Path(os.environ.get("FTLAB_NFS", "/mnt/nfs"))
@@ -60,3 +67,223 @@ def server_stop() -> None:
 
 def server_start() -> None:
     subprocess.run(["rpc.nfsd", "8"], check=True)
+
+
+def nfs_mount_options() -> tuple[str, str]:
+    """The options and the server of client 1's mount of the ``rw`` export (to mount another
+    export the same way)."""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[1] == str(NFS / "rw"):
+            server = fields[0].split(":", 1)[0]
+            keep = [
+                o
+                for o in fields[3].split(",")
+                if o.split("=")[0] in ("vers", "hard", "timeo", "retrans", "nolock")
+            ]
+            return ",".join(keep), server
+    raise LookupError(f"no NFS mount at {NFS / 'rw'}")
+
+
+@contextlib.contextmanager
+def small_export(size_mib: int = 64, quota: bool = False) -> Iterator[Path]:
+    """A small ext4 file system of its own (a loop device in the VM), exported by the lab's
+    server and mounted through client 1 as the other exports are: a target that fills up.
+    With *quota*, user quotas are enforced on it (see :func:`set_block_quota`).
+
+    Yields client 1's mount point; everything is taken down again on the way out."""
+    name = f"small-{uuid.uuid4().hex[:8]}"
+    image = Path("/run") / f"{name}.img"
+    server_dir = Path(EXPORT_ROOT) / name
+    client_dir = NFS / name
+    options, server = nfs_mount_options()
+    with open(image, "wb") as f:
+        f.truncate(size_mib << 20)
+    features = ["-O", "quota"] if quota else []
+    _sh("modprobe", "loop")
+    if quota:
+        _sh("modprobe", "quota_v2")
+    _sh("mkfs.ext4", "-q", "-F", "-m", "0", *features, str(image))
+    server_dir.mkdir()
+    steps: list[list[str]] = []
+    try:
+        _sh("mount", "-o", "loop" + (",usrquota" if quota else ""), str(image), str(server_dir))
+        steps.append(["umount", str(server_dir)])
+        server_dir.chmod(0o1777)
+        fsid = 100 + int(name[-4:], 16) % 10000
+        spec = f"*:{server_dir}"
+        _sh(
+            "exportfs", "-o",
+            f"rw,async,no_root_squash,fsid={fsid},no_subtree_check,insecure", spec,
+        )  # fmt: skip
+        steps.append(["exportfs", "-u", spec])
+        client_dir.mkdir()
+        remote = f"{server}:{server_dir}" if "vers=3" in options else f"{server}:/{name}"
+        _sh(
+            "nsenter", "--net=/run/netns/client",
+            "mount", "-t", "nfs", "-o", options, remote, str(client_dir),
+        )  # fmt: skip
+        steps.append(["umount", "-f", str(client_dir)])
+        yield client_dir
+    finally:
+        for step in reversed(steps):
+            subprocess.run(step, capture_output=True, check=False, timeout=60)
+        with contextlib.suppress(OSError):
+            client_dir.rmdir()
+        with contextlib.suppress(OSError):
+            server_dir.rmdir()
+        image.unlink(missing_ok=True)
+
+
+def _loop_device_of(mountpoint: Path) -> str:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[1] == str(mountpoint):
+            return fields[0]
+    raise LookupError(f"nothing mounted at {mountpoint}")
+
+
+def set_block_quota(export: Path, uid: int, limit_bytes: int) -> None:
+    """A hard block quota for *uid* on the small export mounted at *export* (client 1's path),
+    set on the server's file system with quotactl(2) (the quota tools are not needed)."""
+    server_dir = Path(EXPORT_ROOT) / export.name
+    device = _loop_device_of(server_dir).encode()
+
+    class IfDqblk(ctypes.Structure):
+        _fields_ = [
+            ("dqb_bhardlimit", ctypes.c_uint64),
+            ("dqb_bsoftlimit", ctypes.c_uint64),
+            ("dqb_curspace", ctypes.c_uint64),
+            ("dqb_ihardlimit", ctypes.c_uint64),
+            ("dqb_isoftlimit", ctypes.c_uint64),
+            ("dqb_curinodes", ctypes.c_uint64),
+            ("dqb_btime", ctypes.c_uint64),
+            ("dqb_itime", ctypes.c_uint64),
+            ("dqb_valid", ctypes.c_uint32),
+        ]
+
+    q_setquota, usrquota, qif_blimits = 0x800008, 0, 1
+    blocks = limit_bytes // 1024  # quotactl counts blocks of 1 KiB (QIF_DQBLKSIZE)
+    limits = IfDqblk(blocks, blocks, 0, 0, 0, 0, 0, 0, qif_blimits)
+    libc = ctypes.CDLL(None, use_errno=True)
+    cmd = (q_setquota << 8) | usrquota
+    if libc.quotactl(cmd, device, uid, ctypes.byref(limits)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"quotactl Q_SETQUOTA on {device.decode()}: {os.strerror(err)}")
+
+
+def _sh(*argv: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}")
+
+
+def open_fds(pid: int) -> int:
+    """How many descriptors process *pid* has open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def forget_cached_names() -> None:
+    """Make the kernel drop unused dentries and inodes (FUSE then sends FORGET for them)."""
+    Path("/proc/sys/vm/drop_caches").write_text("2\n")
+
+
+def poll(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> float | None:
+    """Seconds until *predicate* held (checked at once, then every *interval*), or None if it
+    did not within *timeout*."""
+    start = time.monotonic()
+    while True:
+        if predicate():
+            return time.monotonic() - start
+        if time.monotonic() - start >= timeout:
+            return None
+        time.sleep(interval)
+
+
+def held_by(pid: int, under: Path) -> list[str]:
+    """The descriptors of process *pid* on objects under *under*: "path (O_PATH)" or
+    "path (open)", for a failure message saying what pins a silly-renamed file."""
+    held = []
+    prefix = str(under).rstrip("/") + "/"
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            where = os.readlink(f"/proc/{pid}/fd/{fd}")
+            flags = int(Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split()[3], 8)
+        except (OSError, IndexError, ValueError):
+            continue
+        if where.startswith(prefix):
+            kind = "O_PATH" if flags & os.O_PATH else "open"
+            held.append(f"{where[len(prefix) :]} ({kind})")
+    return sorted(held)
+
+
+FILL_SCRIPT = """
+import errno, json, os, sys
+path, total, chunk = sys.argv[1], int(sys.argv[2]), 1 << 20
+events = []
+def step(name, fn, *args):
+    try:
+        fn(*args)
+        events.append([name, ""])
+        return True
+    except OSError as err:
+        events.append([name, errno.errorcode.get(err.errno, str(err.errno))])
+        return False
+fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+block = os.urandom(chunk)
+written = 0
+while written < total:
+    try:
+        written += os.write(fd, block)
+    except OSError as err:
+        events.append(["write", errno.errorcode.get(err.errno, str(err.errno))])
+        break
+step("fsync", os.fsync, fd)
+step("fsync again", os.fsync, fd)
+step("close", os.close, fd)
+print(json.dumps({"written": written, "events": events}))
+"""
+
+
+def fill_file(path: Path, total: int, as_user: int | None = None) -> tuple[int, list[list[str]]]:
+    """Write *total* bytes (1 MiB at a time) to a new file, stopping at the first failed
+    write, then fsync twice and close; in a child process (as uid *as_user*, if given).
+    Returns the bytes write() accepted and each step with the errno it failed with ("": ok);
+    of the writes, only a failed one is listed."""
+    argv = ["python3", "-c", FILL_SCRIPT, str(path), str(total)]
+    if as_user is not None:
+        argv = ["setpriv", f"--reuid={as_user}", f"--regid={as_user}", "--clear-groups", *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the writer failed: {done.stderr}")
+    out = json.loads(done.stdout)
+    return out["written"], out["events"]
+
+
+class SillyHolders:
+    """While in use, samples (every few ms) which descriptors of process *pid* refer to
+    silly-renamed files under *under*: what kept a removed file from going."""
+
+    def __init__(self, pid: int | None, under: Path) -> None:
+        self.pid, self.under = pid, under
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.002):
+            with contextlib.suppress(OSError):
+                assert self.pid is not None
+                self.seen.update(
+                    h for h in held_by(self.pid, self.under) if "/.nfs" in h or h.startswith(".nfs")
+                )
+
+    def __enter__(self) -> SillyHolders:
+        if self.pid is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.pid is not None:
+            self._thread.join()
