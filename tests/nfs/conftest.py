@@ -10,6 +10,11 @@ import pytest
 from lab import IN_LAB, fresh_dir
 from mount_util import Daemon
 
+#: The same name as tests/conftest.py's: both files are imported as the module "conftest", and
+#: whichever pytest loaded last is what ``from conftest import MakeMount`` finds in the tests of
+#: the ordinary suite (collected after tests/nfs/, they failed to import without this).
+MakeMount = Callable[..., Daemon]
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if IN_LAB:
