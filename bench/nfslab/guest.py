@@ -115,6 +115,11 @@ def start_server(profile: profiles.Profile, device: str) -> None:
         sh("mount", "--bind", str(path), str(where))
     Path("/etc/exports").write_text(profiles.exports_file(profile))
     Path("/etc/exports.d").mkdir(exist_ok=True)
+    # The server takes a caller's supplementary groups from the RPC (AUTH_SYS: at most 16), as
+    # EFS and most NFS servers do. Debian's nfs.conf sets manage-gids=y: the server then looks
+    # the uid's groups up in its own group database and ignores the groups the client sent.
+    Path("/etc/nfs.conf.d").mkdir(exist_ok=True)
+    Path("/etc/nfs.conf.d/ftlab.conf").write_text("[mountd]\nmanage-gids=n\n")
     Path("/run/rpcbind").mkdir(exist_ok=True)
     sh("rpcbind", "-w")
     sh("exportfs", "-ra")
