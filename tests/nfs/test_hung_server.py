@@ -48,7 +48,7 @@ from lab import (
     wait_gone,
     wchan,
 )
-from mount_util import FUSETHROTTLE, Daemon
+from mount_util import FUSETHROTTLE, Daemon, problems_in_log
 
 from bench.nfslab import profiles
 from fusethrottle.daemon import HANDLER_GRACE
@@ -496,6 +496,9 @@ def test_a_process_waiting_on_the_mount_can_be_killed_as_on_nfs_directly(
     for side in ("direct", "mount"):
         make_unseen(nfs_dir2 / side)
     mnt = make_mount(source=nfs_dir)
+    # A killed reader leaves its read-ahead request behind; the daemon's late reply to it finds
+    # nobody, which pyfuse3 logs as an error ("fuse_reply_* failed"). Not what is tested here.
+    mnt.expect_log_problems = True
     directories = {"direct": nfs_dir / "direct", "mount": mnt.mountpoint / "mount"}
     procs: dict[str, subprocess.Popen[str]] = {}
     seen: dict[str, dict[str, object]] = {}
@@ -521,7 +524,7 @@ def test_a_process_waiting_on_the_mount_can_be_killed_as_on_nfs_directly(
         for side, p in procs.items():
             seen[side]["ended_after_return_in"] = round(time.monotonic() - returned, 1)
             seen[side]["status"] = p.poll()
-        record(f"kill[{call}]", **seen)
+        record(f"kill[{call}]", **seen, daemon_log_problems=problems_in_log(mnt.log()))
         assert waiting["direct"] and waiting["mount"], f"the call did not wait: {seen}"
         if seen["direct"]["gone_after"] is not None:
             assert seen["mount"]["gone_after"] is not None, (
