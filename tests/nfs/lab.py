@@ -65,6 +65,26 @@ def server_stop() -> None:
 
 def server_start() -> None:
     subprocess.run(["rpc.nfsd", "8"], check=True)
+    wait_server_answers()
+
+
+def wait_server_answers(timeout: float = 240) -> None:
+    """Wait until client 1 can create and remove a file on the export again: the server is
+    back and, for NFSv4, its grace period and the client's state recovery are over, so the
+    next step (the next test's mount) does not start inside them. Never raises: a server
+    that does not come back fails the tests that need it."""
+    probe = NFS / "rw" / f".ftlab-probe-{uuid.uuid4().hex[:8]}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            done = subprocess.run(
+                ["sh", "-c", f"touch {probe} && rm {probe}"], capture_output=True, timeout=30
+            )
+        except subprocess.TimeoutExpired:
+            continue  # the child is killed; it may stay until the server answers
+        if done.returncode == 0:
+            return
+        time.sleep(0.5)
 
 
 #: The client's end of its link to the server (in network namespace "client").
@@ -81,6 +101,7 @@ def link_down() -> None:
 
 def link_up() -> None:
     subprocess.run([*CLIENT_LINK, "del", "dev", "ftcli", "root"], check=True)
+    wait_server_answers()
 
 
 #: How the server goes away: knfsd stopped (connections refused), or the link drops everything.

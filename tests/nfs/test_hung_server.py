@@ -468,6 +468,21 @@ def go(proc: subprocess.Popen[str]) -> None:
         proc.stdin.flush()
 
 
+def wait_blocked(pid: int, timeout: float) -> bool:
+    """Wait until *pid* sleeps in the kernel on the server (D state) or on the daemon's answer
+    (request_wait_answer), and stays there a second."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        where, _, state = wchan(pid).partition(" ")
+        if state == "D" or where == "request_wait_answer":
+            time.sleep(1)
+            return alive(pid) and wchan(pid) != "gone"
+        if not alive(pid):
+            return False
+        time.sleep(0.1)
+    return False
+
+
 def kill(proc: subprocess.Popen[str]) -> dict[str, object]:
     """SIGTERM, then SIGKILL: when it went, and where it waited."""
     seen: dict[str, object] = {"waits_in": wchan(proc.pid)}
@@ -512,8 +527,7 @@ def test_a_process_waiting_on_the_mount_can_be_killed_as_on_nfs_directly(
                     go(procs[side])
                 else:
                     procs[side] = start_call(call, d)
-            time.sleep(3)
-            waiting = {side: alive(p.pid) for side, p in procs.items()}
+            waiting = {side: wait_blocked(p.pid, 60) for side, p in procs.items()}
             for side, p in procs.items():
                 seen[side] = kill(p) if waiting[side] else {"ended_early": p.poll()}
         finally:
@@ -525,7 +539,9 @@ def test_a_process_waiting_on_the_mount_can_be_killed_as_on_nfs_directly(
             seen[side]["ended_after_return_in"] = round(time.monotonic() - returned, 1)
             seen[side]["status"] = p.poll()
         record(f"kill[{call}]", **seen, daemon_log_problems=problems_in_log(mnt.log()))
-        assert waiting["direct"] and waiting["mount"], f"the call did not wait: {seen}"
+        assert waiting["direct"] and waiting["mount"], (
+            f"the call did not wait on the server: {seen}"
+        )
         if seen["direct"]["gone_after"] is not None:
             assert seen["mount"]["gone_after"] is not None, (
                 f"{call}: directly on NFS the process went after {seen['direct']['gone_after']}; "
