@@ -31,6 +31,11 @@ from bench.nfslab.probe import cpu_probe_seconds
 NFS = Path("/mnt/nfs")
 NFS2 = Path("/mnt/nfs2")
 DISK = "/dev/vda"
+#: NFSv4 grace period and lease time of the lab's server, seconds (knfsd's default is 90 and its
+#: least is 10). After every restart (tests/nfs/lab.py server_start) an NFSv4 server refuses new
+#: opens for the grace period while clients reclaim their state; 90 s per restart made the tests
+#: of a server that stops minutes long. The clients renew their lease every few seconds instead.
+NFSV4_GRACE_SECONDS = 10
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 120) -> str:
@@ -110,10 +115,17 @@ def start_server(profile: profiles.Profile, device: str) -> None:
         sh("mount", "--bind", str(path), str(where))
     Path("/etc/exports").write_text(profiles.exports_file(profile))
     Path("/etc/exports.d").mkdir(exist_ok=True)
+    # The server takes a caller's supplementary groups from the RPC (AUTH_SYS: at most 16), as
+    # EFS and most NFS servers do. Debian's nfs.conf sets manage-gids=y: the server then looks
+    # the uid's groups up in its own group database and ignores the groups the client sent.
+    Path("/etc/nfs.conf.d").mkdir(exist_ok=True)
+    Path("/etc/nfs.conf.d/ftlab.conf").write_text("[mountd]\nmanage-gids=n\n")
     Path("/run/rpcbind").mkdir(exist_ok=True)
     sh("rpcbind", "-w")
     sh("exportfs", "-ra")
     sh("rpc.mountd")
+    for knob in ("nfsv4gracetime", "nfsv4leasetime"):  # only while nfsd is down
+        Path(f"/proc/fs/nfsd/{knob}").write_text(f"{NFSV4_GRACE_SECONDS}\n")
     sh("rpc.nfsd", "8")
 
 
