@@ -43,6 +43,7 @@ from .target_calls import (
     _fsync_path,
     _list_entries,
     _listxattr,
+    _look_again,
     _lookup,
     _make,
     _open_file,
@@ -147,8 +148,19 @@ class Backend:
 
         return await self._run(self.meta, None, run)
 
-    async def lookup(self, caller: Caller | None, dir_fd: int, name: bytes) -> Created:
-        result = await self._run(self.meta, caller, _lookup, dir_fd, name, discard=close_created)
+    async def lookup(
+        self, caller: Caller | None, dir_fd: int, name: bytes, stale_mode: int | None = None
+    ) -> Created:
+        """Look *name* up; *stale_mode*: the type of the object it named last, which the
+        target called stale (target_calls._look_again)."""
+        if stale_mode is None:
+            result = await self._run(
+                self.meta, caller, _lookup, dir_fd, name, discard=close_created
+            )
+        else:
+            result = await self._run(
+                self.meta, caller, _look_again, dir_fd, name, stale_mode, discard=close_created
+            )
         self._seen("lookup")
         return result
 
@@ -307,9 +319,10 @@ class Backend:
         flags: int,
         check_capability: bool = False,
         write_only: int | None = None,
-    ) -> tuple[int, bool, bool]:
+    ) -> tuple[int, bool, bool, os.stat_result]:
         """Open the file: (fd, whether it has a file capability (asked only with
-        *check_capability*), whether it was opened with the fallback *write_only* flags)."""
+        *check_capability*), whether it was opened with the fallback *write_only* flags, its
+        attributes as the open found them)."""
         result = await self._run(
             self.data,
             caller,

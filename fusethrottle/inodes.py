@@ -77,6 +77,10 @@ class Inode:
     detached: bool = False
     # A removal of its last name is under way (nothing new may take hold of its descriptor).
     detaching: bool = False
+    # The target answered ESTALE through its descriptor: another client removed or replaced
+    # the object. The next lookup that finds the same object has the target's client look the
+    # name up again (see Operations.lookup).
+    stale: bool = False
     # What the kernel was last told (or made itself, by writing) of its size and mtime (None:
     # not known, e.g. after our own writes moved the target's mtime).
     shown_size: int | None = None
@@ -291,6 +295,13 @@ class InodeTable:
             self.name(moved, new_parent, new)
         if exchange and other is not None:
             self.name(other, old_parent, old)
+
+    def stale_match(self, st: os.stat_result, handle: bytes | None) -> Inode | None:
+        """The known node of this very object, if the target called it stale."""
+        known = self._by_key.get((st.st_dev, st.st_ino))
+        if known is None or not known.stale:
+            return None
+        return known if handle is None or known.handle in (None, handle) else None
 
     def retire(self, inode: Inode) -> None:
         """*inode*'s object is gone from the target: a new object with its inode number is

@@ -154,6 +154,8 @@ def _replies(fn: F) -> F:
                 code = err.errno or errno.EIO
                 self.events.target_error(op, code)
                 self._errors.report(op, code, _describe(args, op))
+                if code == errno.ESTALE and not by_handle:
+                    self._called_stale(args)
                 raise pyfuse3.FUSEError(code) from None
             except trio.Cancelled:
                 raise
@@ -318,6 +320,14 @@ class Operations(pyfuse3.Operations):
             return None
         return ctx.uid, ctx.gid
 
+    def _called_stale(self, args: tuple[Any, ...]) -> None:
+        """The target answered ESTALE to a call through the node (a lookup: through its
+        parent): another client removed or replaced the object. The kernel then looks the
+        name up again; that lookup must not take the target client's cached name as it is."""
+        node = self.inodes.get(args[0]) if args and isinstance(args[0], int) else None
+        if node is not None:
+            node.stale = True
+
     def _caller_tid(self, args: tuple[Any, ...], by_handle: bool) -> int:
         """Whose request this is (0: nobody the daemon can tell)."""
         if by_handle:
@@ -398,7 +408,17 @@ class Operations(pyfuse3.Operations):
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
         self._refuse_when_closing()
         parent = self.inodes[parent_inode]
-        found = await self.backend.lookup(self.callers.of(ctx), parent.path_fd, name)
+        caller = self.callers.of(ctx)
+        found = await self.backend.lookup(caller, parent.path_fd, name)
+        stale = self.inodes.stale_match(found.st, found.handle)
+        if stale is not None:
+            # What the target's client still calls by that name is the object it called
+            # stale: have it look again (the kernel's retry after ESTALE would otherwise meet
+            # the same stale object, for as long as the client caches the name).
+            self.backend.close_soon(found.path_fd)
+            found = await self.backend.lookup(caller, parent.path_fd, name, stale.mode)
+            if found.handle is not None and found.handle == stale.handle:
+                stale.stale = False  # the same object after all
         return self._entry(found, parent_inode, name, renew=True)
 
     async def forget(self, inode_list: Any) -> None:
@@ -728,9 +748,23 @@ class Operations(pyfuse3.Operations):
         if wanted & os.O_ACCMODE == os.O_WRONLY and flags & os.O_ACCMODE == os.O_RDWR:
             write_only = (flags & ~os.O_ACCMODE) | os.O_WRONLY
         with _let_go_races(node):
-            fd, has_capability, fell_back = await self.backend.open(
+            fd, has_capability, fell_back, st = await self.backend.open(
                 caller, node.path_fd, flags, check, write_only
             )
+        # (O_TRUNC changed it itself: the kernel knows, and takes the new size at this open.)
+        changed = (
+            stat.S_ISREG(st.st_mode)
+            and not flags & os.O_TRUNC
+            and node.changed_behind_our_back(st)
+        )
+        if changed and self.enable_writeback_cache and node.open_handles == 0:
+            # Close-to-open, as NFS itself: the file changed on the target since the kernel
+            # was shown it (another client), and with the writeback cache the kernel keeps its
+            # own size of a cached file. ESTALE makes it look the name up again (the open is
+            # retried), and that lookup hands it a new generation with the new size
+            # (_renew_if_changed).
+            self.backend.close_soon(fd, node.nodeid)
+            raise pyfuse3.FUSEError(errno.ESTALE)
         if has_capability:
             node.capability_to_drop = True
         if flags & os.O_TRUNC:
@@ -741,7 +775,9 @@ class Operations(pyfuse3.Operations):
             info = self._file_info(fd, node, os.O_WRONLY, caller, ctx)
             info.direct_io = True
             return info
-        return self._file_info(fd, node, flags, caller, ctx)
+        info = self._file_info(fd, node, flags, caller, ctx)
+        info.keep_cache = not changed  # pages cached of what it was are not what it is
+        return info
 
     @_replies
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:

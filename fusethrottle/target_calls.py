@@ -48,6 +48,23 @@ def _lookup(dir_fd: int, name: bytes) -> Created:
         raise
 
 
+def _look_again(dir_fd: int, name: bytes, mode: int) -> Created:
+    """Look *name* up after the target called what it named stale.
+
+    A lookup by an O_PATH open takes the target client's cached name as it is: on NFS the
+    client keeps serving a name another client removed and made anew (with the old, stale
+    handle) until the directory's attributes time out (acdirmin: 30 s). An open for reading
+    has NFS check the name with the server first (close-to-open), so one is made, and closed,
+    before the lookup; only for files and directories (opening a device or a fifo could do
+    something), and a refusal (no read permission) is no matter: the lookup follows anyway.
+    """
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        with contextlib.suppress(OSError):
+            os.close(os.open(name, flags, dir_fd=dir_fd))
+    return _lookup(dir_fd, name)
+
+
 def close_created(created: Created) -> None:
     """Give back what a lookup or create made, when nobody takes it any more (its caller gave
     up waiting: see WorkerPool.run's *discard*)."""
@@ -267,12 +284,14 @@ def _reopen(path_fd: int, flags: int) -> int:
 
 def _open_file(
     path_fd: int, flags: int, write_only: int | None, check_capability: bool
-) -> tuple[int, bool, bool]:
+) -> tuple[int, bool, bool, os.stat_result]:
     """Open a file for I/O: (fd, whether it has a file capability, whether *write_only* was
-    used). *write_only*: the caller's own write-only flags, tried when the target refuses
-    *flags* (read and write, which the writeback cache needs) because the caller may write the
-    file but not read it (mode 0277, say): the target checks as the caller (credentials.py),
-    and the caller's own open must succeed as it would without fusethrottle."""
+    used, its attributes as the open found them: on NFS fresh, close-to-open).
+
+    *write_only*: the caller's own write-only flags, tried when the target refuses *flags*
+    (read and write, which the writeback cache needs) because the caller may write the file but
+    not read it (mode 0277, say): the target checks as the caller (credentials.py), and the
+    caller's own open must succeed as it would without fusethrottle."""
     try:
         fd = _reopen(path_fd, flags)
         fell_back = False
@@ -281,7 +300,12 @@ def _open_file(
             raise
         fd = _reopen(path_fd, write_only)
         fell_back = True
-    return fd, check_capability and _has_capability(fd), fell_back
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, check_capability and _has_capability(fd), fell_back, st
 
 
 def _setattr(

@@ -577,3 +577,24 @@ def test_bytes_of_a_file_another_host_deleted_leave_the_ledger(
         assert status_client.query(entry)["unsynced_bytes"] == 100_000
         os.unlink(target.mountpoint / "f")  # another host deletes it
     assert unsynced(daemon) == 0
+
+
+@pytest.mark.parametrize("cache", ["yes", "no"])
+def test_an_open_sees_what_another_writer_wrote_at_once_close_to_open(
+    make_mount: Any, cache: str
+) -> None:
+    """NFS's promise to every application: a file another client closed is seen whole by the
+    next open (close-to-open), whatever the attribute cache holds. Through the mount an open
+    is the same moment: the open's fresh attributes show the change, and the kernel (which
+    keeps the size of a cached file itself with the writeback cache) is made to look the file
+    up again instead of serving its old size and pages, even with a long attr_timeout."""
+    daemon = make_mount(options=["attr_timeout=60", f"writeback_cache={cache}"])
+    assert daemon.source is not None
+    mine, theirs = daemon.mountpoint / "f", daemon.source / "f"
+    mine.write_bytes(b"a" * 10_000)
+    assert mine.read_bytes() == b"a" * 10_000  # cached in the kernel, size and pages
+    theirs.write_bytes(b"b" * 300)  # another client rewrites it, shorter
+    assert mine.read_bytes() == b"b" * 300
+    with open(theirs, "r+b") as f:  # the same size again, other bytes
+        f.write(b"c" * 10)
+    assert mine.read_bytes() == b"c" * 10 + b"b" * 290
