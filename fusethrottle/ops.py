@@ -753,9 +753,7 @@ class Operations(pyfuse3.Operations):
             )
         # (O_TRUNC changed it itself: the kernel knows, and takes the new size at this open.)
         changed = (
-            stat.S_ISREG(st.st_mode)
-            and not flags & os.O_TRUNC
-            and node.changed_behind_our_back(st)
+            stat.S_ISREG(st.st_mode) and not flags & os.O_TRUNC and node.changed_behind_our_back(st)
         )
         if changed and self.enable_writeback_cache and node.open_handles == 0:
             # Close-to-open, as NFS itself: the file changed on the target since the kernel
