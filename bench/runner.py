@@ -85,7 +85,7 @@ class Runner:
         self.exe_reason = "fusethrottle executable not found (--fusethrottle PATH)"
         pid = os.getpid()
         # Host-disk work area (loop image, victim file) and a tmpfs one (logs, tar source).
-        self.workdir = Path(f"/var/tmp/fusethrottle-bench-{pid}")
+        self.workdir = Path(plan.workdir or "/var/tmp") / f"fusethrottle-bench-{pid}"
         self.scratch = JOURNAL_DIR / f"run-{pid}"
         self._trees: dict[int, tuple[Path, int, int]] = {}
         self._daemon: Daemon | None = None
@@ -131,9 +131,7 @@ class Runner:
             "cell": cell,
             "order": self.order,
             "target": target.spec.label,
-            "schedule": format_schedule(target.spec.schedule)
-            if target.spec.kind == "loop"
-            else None,
+            "schedule": format_schedule(target.spec.schedule) if target.spec.throttled else None,
             "workload": workload.label,
             "workload_size": workload.size,
             "arm": arm.label,
