@@ -51,6 +51,12 @@ def parser() -> argparse.ArgumentParser:
         help="where the victim's files and the loop image go (default /var/tmp; must be a real "
         "disk: fdatasync on tmpfs returns at once)",
     )
+    r.add_argument(
+        "--writer-head-start",
+        type=parse_duration,
+        help="launch the backup writer this long before its clock and schedule start (it "
+        "waits): where an interpreter takes seconds to start, as in a TCG guest",
+    )
     r.add_argument("--rate", help="target write rate, e.g. 20M (none: unthrottled)")
     r.add_argument("--schedule", help='rate over time, e.g. "20M:30s,1M:60s,0:30s,20M:30s"')
     r.add_argument(
@@ -113,6 +119,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         targets=args.target,
         throttle=args.throttle,
         workdir=args.workdir,
+        writer_head_start=args.writer_head_start,
         schedule=args.schedule or args.rate,
         workloads=args.workload,
         size=args.size,
@@ -137,6 +144,7 @@ def plan_record(plan: Plan) -> dict[str, object]:
         "schedules": [format_schedule(t.schedule) for t in plan.targets if t.throttled],
         "throttles": [t.throttle for t in plan.targets if t.throttle],
         "workdir": plan.workdir or "/var/tmp",
+        "writer_head_start": plan.writer_head_start,
         "workloads": [
             f"{w.kind}:{w.size}" + (f" for {w.duration:g}s" if w.duration else "")
             for w in plan.workloads

@@ -382,6 +382,8 @@ class Plan:
     #: Where the victim's files and the loop image go ("": /var/tmp); a real disk, since
     #: fdatasync on tmpfs (the NFS lab's root) returns at once.
     workdir: str = ""
+    #: Seconds the backup writer is launched before the clock (t0) starts; it waits for t0.
+    writer_head_start: float = 0.0
 
     def needs_root(self) -> list[str]:
         """Reasons this plan needs root; empty when an unprivileged user can run it."""

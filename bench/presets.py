@@ -196,6 +196,7 @@ def build_plan(
     targets: list[str] | None = None,
     throttle: str | None = None,
     workdir: str | None = None,
+    writer_head_start: float | None = None,
     schedule: str | None = None,
     workloads: str | None = None,
     size: int | None = None,
@@ -262,6 +263,7 @@ def build_plan(
         daemon_stop_timeout=60.0 if smoke else 600.0,
         plots=plots,
         workdir=workdir or "",
+        writer_head_start=writer_head_start or 0.0,
     )
 
 

@@ -16,10 +16,12 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench import analysis
 from bench.cgroup import MemoryCgroup
@@ -286,20 +288,42 @@ class Runner:
                 stack.callback(prober.stop)
             time.sleep(plan.lead_seconds)
 
-            load_start = loadavg()
-            busy0 = cpu_times()
-            absorbed0 = target.counter.read()
-            daemon_cpu0 = process_cpu_seconds(daemon.pid) if daemon and daemon.pid else None
-            t0 = time.monotonic()
-            sampler.mark()
+            # t0: the backup starts, and the schedule with it. With a head start the writer is
+            # launched that much earlier and waits for t0 itself, so its interpreter's start-up
+            # (seconds in a TCG guest) falls before the clock, not into the schedule's steps.
+            t0 = time.monotonic() + plan.writer_head_start
+            at_t0: dict[str, Any] = {}
+
+            def clock_starts() -> None:
+                at_t0["load"] = loadavg()
+                at_t0["busy"] = cpu_times()
+                at_t0["absorbed"] = target.counter.read()
+                at_t0["daemon_cpu"] = (
+                    process_cpu_seconds(daemon.pid) if daemon and daemon.pid else None
+                )
+                sampler.mark()
+
+            starter = threading.Timer(max(0.0, t0 - time.monotonic()), clock_starts)
+            starter.daemon = True
+            if plan.writer_head_start > 0:
+                ctx.start_at = t0
+                starter.start()
+            else:
+                clock_starts()
             if target.schedule:
                 target.schedule.start(t0)
             if arm.kind == "idle":
-                time.sleep(plan.idle_seconds)
+                time.sleep(max(0.0, t0 - time.monotonic()) + plan.idle_seconds)
                 wres = WorkloadResult(seconds=plan.idle_seconds)
             else:
                 ctx.set_writer_pid = lambda pid: setattr(sampler, "writer_pid", pid)
                 wres = run_workload(workload, arm, write_dir, ctx)
+            if plan.writer_head_start > 0:
+                starter.join()
+            load_start = at_t0["load"]
+            busy0 = at_t0["busy"]
+            absorbed0 = at_t0["absorbed"]
+            daemon_cpu0 = at_t0["daemon_cpu"]
             t_written = time.monotonic()
             sampler.writer_pid = None
             probes = prober.stop() if prober else []  # before the daemon goes away

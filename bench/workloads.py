@@ -56,6 +56,9 @@ class JobContext:
     # utime+stime of the arm's FUSE daemon so far (None: no daemon), so a job with several
     # phases can charge each its own share: "CPU = writer + daemon" per phase.
     daemon_cpu: Callable[[], float | None] = lambda: None
+    # When the backup's clock starts (time.monotonic(); None: at once): the stream writer is
+    # launched early and waits for it, any other job is launched then.
+    start_at: float | None = None
 
 
 def skip_reason(workload: WorkloadSpec, arm: ArmSpec) -> str | None:
@@ -90,6 +93,8 @@ def run_workload(
     kind = workload.kind
     if kind in ("seq", "paced", "small4k", "small10k"):
         return _stream(workload, arm, dest, ctx)
+    if ctx.start_at is not None:
+        time.sleep(max(0.0, ctx.start_at - time.monotonic()))
     if kind in ("fio", "fio-rand"):
         return _fio(workload, arm, dest, ctx)
     if kind in ("tree", "tarball"):
@@ -142,6 +147,8 @@ def _stream(workload: WorkloadSpec, arm: ArmSpec, dest: Path, ctx: JobContext) -
         cmd += ["--fsync-every", str(arm.fsync_every())]
     if workload.duration > 0:
         cmd += ["--duration", str(workload.duration)]
+    if ctx.start_at is not None:
+        cmd += ["--start-at", repr(ctx.start_at)]
     if workload.kind == "paced":
         cmd += ["--rate", str(PACED_RATE)]
     if ctx.verify:

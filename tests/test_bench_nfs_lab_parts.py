@@ -138,3 +138,27 @@ def test_two_vm_link_is_a_loopback_socket_with_one_mac_each() -> None:
     assert "-nic" not in argv and client[1] in argv
     one = vm.qemu_argv(boot, vm.Machine("tcg"), init=Path("/init"), console=Path("/c"))
     assert one[one.index("-nic") + 1] == "none"
+
+
+def test_the_writer_waits_for_its_start_time(tmp_path: Path) -> None:
+    """--start-at: launched early, the writer's clock (and its write time) starts then."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    start_at = time.monotonic() + 1.0
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.writer", "stream", "--path", str(tmp_path / "f"),
+         "--size", str(1 << 20), "--block", "65536", "--start-at", repr(start_at)],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert time.monotonic() >= start_at
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["bytes"] == 1 << 20 and report["seconds"] < 1.0
+
+
+def test_head_start_is_a_plan_setting() -> None:
+    plan = build_plan("db-degrade", "smoke", writer_head_start=20.0)
+    assert plan.writer_head_start == 20.0
+    assert build_plan("db-degrade", "smoke").writer_head_start == 0.0

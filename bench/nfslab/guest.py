@@ -132,11 +132,28 @@ def setup_victim_disk() -> None:
     sh("mount", "-o", "noatime", DISK, str(VICTIM_DIR))
 
 
-def wait_for_stop(job_dir: Path, timeout: float) -> None:
-    """The server VM serves until the host writes ``stop`` into the job share."""
+def _cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole VM, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def wait_for_stop(job_dir: Path, timeout: float, every: float = 10.0) -> None:
+    """The server VM serves until the host writes ``stop`` into the job share; meanwhile it
+    logs how busy its one vCPU was (is a server VM of one vCPU enough under TCG?)."""
     deadline = time.monotonic() + timeout
+    last, next_log, peak, busy_sum, n = _cpu(), time.monotonic() + every, 0.0, 0.0, 0
     while not (job_dir / "stop").exists() and time.monotonic() < deadline:
         time.sleep(1)
+        if time.monotonic() >= next_log:
+            now = _cpu()
+            busy = (now[0] - last[0]) / max(1, now[1] - last[1])
+            last, next_log = now, next_log + every
+            peak, busy_sum, n = max(peak, busy), busy_sum + busy, n + 1
+            log(f"server cpu busy {100 * busy:.0f}% over {every:.0f} s")
+    if n:
+        log(f"server cpu busy: mean {100 * busy_sum / n:.0f}%, peak {100 * peak:.0f}% (of 10 s)")
 
 
 def start_server(profile: profiles.Profile, device: str, max_block: int = 0) -> None:

@@ -33,7 +33,10 @@ def _pytest(name: str, *args: str, timeout: float = 1800) -> Command:
 # Issue item 7: the neighbour beside a backup onto the real Linux NFS client, the target
 # degrading 20 -> 1 -> 20 MiB/s (tc on the client's egress), the neighbour and the backup in one
 # 512 MiB memory cgroup of a 4 GiB client VM, the server in a VM of its own. The steps are
-# shorter than db-degrade's (TCG runs the guest ~10x slower than the host).
+# shorter than db-degrade's (TCG runs the guest ~10x slower than the host). Under TCG the
+# writer's interpreter takes 4-20 s to start, so it is launched 15 s ahead and waits for the
+# clock; the daemon's metrics are not scraped: one scrape cost the daemon ~0.4 CPU-s there, and
+# every 250 ms that would be more than the VM's two vCPUs.
 NEIGHBOUR_SCHEDULE = "20M:8s,1M:16s,20M:8s"
 NEIGHBOUR_ARMS = "idle,direct,direct-bdi,ft-adaptive,ft-adaptive:memory_cgroup=off"
 
@@ -44,7 +47,8 @@ def _neighbour(victim: str, repeats: int = 5) -> Command:
         ".venv/bin/python -m bench run --preset db-degrade --target /mnt/nfs/rw "
         '--throttle "tc:$FTLAB_NET_DEV" --workdir "$FTLAB_VICTIM_DIR" '
         f"--schedule {NEIGHBOUR_SCHEDULE} --arms {NEIGHBOUR_ARMS} --victim {victim} "
-        f"--cgroup-mem 512M --idle 32 --repeats {repeats} --no-plots "
+        f"--cgroup-mem 512M --idle 32 --repeats {repeats} --no-plots --no-metrics "
+        "--writer-head-start 15 "
         f'--out "$FTLAB_OUT/{victim}"'
     )
     return Command(victim, ["bash", "-c", bench], {}, 3400)
