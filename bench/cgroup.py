@@ -76,13 +76,19 @@ def parse_stat(text: str, version: int) -> dict[str, int]:
     return out
 
 
-def parse_events_max(text: str) -> int:
-    """v2's memory.events ``max``: how often usage hit the limit (v1's failcnt; pure)."""
+def parse_events(text: str) -> dict[str, int]:
+    """``key value`` lines (memory.events, v1's memory.oom_control) -> a dict (pure)."""
+    out = {}
     for line in text.splitlines():
         key, _, value = line.partition(" ")
-        if key == "max" and value.strip().isdigit():
-            return int(value)
-    return 0
+        if value.strip().isdigit():
+            out[key] = int(value)
+    return out
+
+
+def parse_events_max(text: str) -> int:
+    """v2's memory.events ``max``: how often usage hit the limit (v1's failcnt; pure)."""
+    return parse_events(text).get("max", 0)
 
 
 def v2_parents(own: Path, root: Path = UNIFIED_ROOT) -> list[Path]:
@@ -169,6 +175,11 @@ class MemoryCgroup:
             return parse_events_max(read_text(self.path / "memory.events"))
         text = read_text(self.path / "memory.failcnt").strip()
         return int(text) if text else 0
+
+    def oom_kills(self) -> int | None:
+        """Processes the OOM killer took in this cgroup (None: the kernel does not say)."""
+        name = "memory.events" if self.layout.version == 2 else "memory.oom_control"
+        return parse_events(read_text(self.path / name)).get("oom_kill")
 
 
 def memory_cgroup_skip_reason() -> str | None:

@@ -57,6 +57,11 @@ def parser() -> argparse.ArgumentParser:
         help="launch the backup writer this long before its clock and schedule start (it "
         "waits): where an interpreter takes seconds to start, as in a TCG guest",
     )
+    r.add_argument(
+        "--mount-timeout",
+        type=parse_duration,
+        help="seconds a FUSE daemon may take to mount (default 30)",
+    )
     r.add_argument("--rate", help="target write rate, e.g. 20M (none: unthrottled)")
     r.add_argument("--schedule", help='rate over time, e.g. "20M:30s,1M:60s,0:30s,20M:30s"')
     r.add_argument(
@@ -120,6 +125,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         throttle=args.throttle,
         workdir=args.workdir,
         writer_head_start=args.writer_head_start,
+        mount_timeout=args.mount_timeout,
         schedule=args.schedule or args.rate,
         workloads=args.workload,
         size=args.size,

@@ -384,6 +384,8 @@ class Plan:
     workdir: str = ""
     #: Seconds the backup writer is launched before the clock (t0) starts; it waits for t0.
     writer_head_start: float = 0.0
+    #: Seconds a FUSE daemon may take to mount (a TCG guest on a busy host needs more than 30).
+    mount_timeout: float = 30.0
 
     def needs_root(self) -> list[str]:
         """Reasons this plan needs root; empty when an unprivileged user can run it."""

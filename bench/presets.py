@@ -197,6 +197,7 @@ def build_plan(
     throttle: str | None = None,
     workdir: str | None = None,
     writer_head_start: float | None = None,
+    mount_timeout: float | None = None,
     schedule: str | None = None,
     workloads: str | None = None,
     size: int | None = None,
@@ -264,6 +265,7 @@ def build_plan(
         plots=plots,
         workdir=workdir or "",
         writer_head_start=writer_head_start or 0.0,
+        mount_timeout=mount_timeout or 30.0,
     )
 
 

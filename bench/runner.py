@@ -248,7 +248,7 @@ class Runner:
                 backing.mkdir()
                 daemon = self._make_daemon(arm, cell, backing, procs)
                 self._daemon = daemon  # closed gently by run_cell if the arm fails
-                daemon.start()
+                daemon.start(timeout=plan.mount_timeout)
                 write_dir = daemon.mountpoint
 
             ctx = JobContext(
@@ -353,6 +353,7 @@ class Runner:
                 self.teardown.forget(victim.key)
                 victim_ops = _read_victim(victim_log)
             cg_failcnt = cg.failcnt() if cg else None
+            cg_oom_kills = cg.oom_kills() if cg else None
 
         # --- numbers -------------------------------------------------------------------------
         t_end = t0 + (plan.idle_seconds if arm.kind == "idle" else t_durable - t0)
@@ -387,6 +388,7 @@ class Runner:
             "load1_end": load_end,
             "machine_busy_pct_arm": 100 * (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]),
             "cgroup_failcnt": cg_failcnt,
+            "cgroup_oom_kills": cg_oom_kills,
             "t0_monotonic": t0,
         }
         out |= {f"wl_{k}": v for k, v in (prepared | wres.extra).items()}

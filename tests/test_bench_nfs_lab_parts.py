@@ -51,6 +51,10 @@ def test_memory_stat_names_agree_across_versions() -> None:
 def test_memory_events_max_is_the_v2_failcnt() -> None:
     assert cgroup.parse_events_max("low 0\nhigh 0\nmax 17\noom 0\noom_kill 0\n") == 17
     assert cgroup.parse_events_max("") == 0
+    events = "low 0\nhigh 0\nmax 17\noom 2\noom_kill 1\noom_group_kill 0\n"
+    assert cgroup.parse_events(events)["oom_kill"] == 1
+    v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"
+    assert cgroup.parse_events(v1)["oom_kill"] == 3
 
 
 def test_v2_parents_go_up_to_the_root() -> None:
@@ -162,3 +166,21 @@ def test_head_start_is_a_plan_setting() -> None:
     plan = build_plan("db-degrade", "smoke", writer_head_start=20.0)
     assert plan.writer_head_start == 20.0
     assert build_plan("db-degrade", "smoke").writer_head_start == 0.0
+
+
+def test_a_writer_the_oom_killer_took_is_a_result(tmp_path: Path) -> None:
+    """What it wrote comes from its interval log; the arm goes on to measure the neighbour."""
+    from types import SimpleNamespace
+
+    from bench.workloads import _killed_writer
+
+    (tmp_path / "writer.jsonl").write_text(
+        '{"t": 1.0, "bytes": 1048576, "writes": 1, "max": 0.5}\n'
+        '{"t": 2.0, "bytes": 5242880, "writes": 4, "max": 2.5}\n'
+        '{"t": 2.1, "fsync": 0.1}\n'
+    )
+    child = SimpleNamespace(started=100.0, ended=112.0, cpu_seconds=1.5)
+    ctx = SimpleNamespace(scratch=tmp_path, start_at=102.0)
+    res = _killed_writer(child, ctx)  # type: ignore[arg-type]
+    assert res.bytes == 5 << 20 and res.seconds == 10.0 and res.write_max == 2.5
+    assert res.extra == {"writer_killed": 1.0}

@@ -48,7 +48,7 @@ def _neighbour(victim: str, repeats: int = 5) -> Command:
         '--throttle "tc:$FTLAB_NET_DEV" --workdir "$FTLAB_VICTIM_DIR" '
         f"--schedule {NEIGHBOUR_SCHEDULE} --arms {NEIGHBOUR_ARMS} --victim {victim} "
         f"--cgroup-mem 512M --idle 32 --repeats {repeats} --no-plots --no-metrics "
-        "--writer-head-start 15 "
+        "--writer-head-start 15 --mount-timeout 120 "
         f'--out "$FTLAB_OUT/{victim}"'
     )
     return Command(victim, ["bash", "-c", bench], {}, 3400)
