@@ -140,6 +140,10 @@ def sample_stats(rows: Sequence[dict], t_from: float, t_to: float) -> dict:
                 ]
             )
         ),
+        # Dirty and Writeback apart: on NFS a page written to the server but not yet committed
+        # by it (the old NFS_Unstable, which reads 0 since Linux 5.8) counts as Writeback.
+        "dirty_peak_mib": mib(_peak(inside, "dirty")),
+        "writeback_peak_mib": mib(_peak(inside, "writeback")),
         "machine_busy_pct": _mean(
             [r["machine_busy"] * 100 for r in inside if r["machine_busy"] is not None]
         ),
@@ -149,6 +153,7 @@ def sample_stats(rows: Sequence[dict], t_from: float, t_to: float) -> dict:
         out["cg_dirty_wb_peak_mib"] = mib(cg)
         out["cg_usage_peak_mib"] = mib(_peak(inside, "cg_usage"))
         out["cg_writeback_peak_mib"] = mib(_peak(inside, "cg_writeback"))
+        out["cg_dirty_peak_mib"] = mib(_peak(inside, "cg_dirty"))
     out |= cache_split(inside)
     return out
 

@@ -41,7 +41,28 @@ def parser() -> argparse.ArgumentParser:
         help="loop (built-in throttled ext4), tmpfs, rootdir, or a directory such as your NFS "
         "mount (repeatable)",
     )
-    r.add_argument("--rate", help="loop target write rate, e.g. 20M (none: unthrottled)")
+    r.add_argument(
+        "--throttle",
+        help="tc:DEV: a directory target's rate (--rate/--schedule) is DEV's egress, set with "
+        "tc tbf (an NFS mount whose link to the server is yours, as in the NFS lab)",
+    )
+    r.add_argument(
+        "--workdir",
+        help="where the victim's files and the loop image go (default /var/tmp; must be a real "
+        "disk: fdatasync on tmpfs returns at once)",
+    )
+    r.add_argument(
+        "--writer-head-start",
+        type=parse_duration,
+        help="launch the backup writer this long before its clock and schedule start (it "
+        "waits): where an interpreter takes seconds to start, as in a TCG guest",
+    )
+    r.add_argument(
+        "--mount-timeout",
+        type=parse_duration,
+        help="seconds a FUSE daemon may take to mount (default 30)",
+    )
+    r.add_argument("--rate", help="target write rate, e.g. 20M (none: unthrottled)")
     r.add_argument("--schedule", help='rate over time, e.g. "20M:30s,1M:60s,0:30s,20M:30s"')
     r.add_argument(
         "--arms",
@@ -101,6 +122,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
         args.preset,
         scale,
         targets=args.target,
+        throttle=args.throttle,
+        workdir=args.workdir,
+        writer_head_start=args.writer_head_start,
+        mount_timeout=args.mount_timeout,
         schedule=args.schedule or args.rate,
         workloads=args.workload,
         size=args.size,
@@ -122,7 +147,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
 def plan_record(plan: Plan) -> dict[str, object]:
     return {
         "targets": [t.label for t in plan.targets],
-        "schedules": [format_schedule(t.schedule) for t in plan.targets if t.kind == "loop"],
+        "schedules": [format_schedule(t.schedule) for t in plan.targets if t.throttled],
+        "throttles": [t.throttle for t in plan.targets if t.throttle],
+        "workdir": plan.workdir or "/var/tmp",
+        "writer_head_start": plan.writer_head_start,
         "workloads": [
             f"{w.kind}:{w.size}" + (f" for {w.duration:g}s" if w.duration else "")
             for w in plan.workloads
@@ -157,6 +185,8 @@ def preflight(plan: Plan) -> None:
         tools.add("fio")
     if kinds & {"tree", "tarball"}:
         tools.add("tar")
+    if any(t.throttle for t in plan.targets):
+        tools.add("tc")
     if any(a.is_fuse for a in plan.arms):
         tools.add("fusermount3")
     if kinds & {"files"}:

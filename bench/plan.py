@@ -305,22 +305,33 @@ BUILTIN_TARGETS = ("loop", "tmpfs", "rootdir")
 @dataclass(frozen=True)
 class TargetSpec:
     """Where the backup goes: the built-in throttled loop device, a private tmpfs, a fresh
-    directory on the root filesystem, or the user's own mount (``path``)."""
+    directory on the root filesystem, or the user's own mount (``path``). ``throttle``
+    (``tc:DEV``) lets a path target's rate follow the schedule on a network device's egress:
+    an NFS mount in a lab, where the link to the server is ours to slow down."""
 
     kind: str
     path: str = ""
     schedule: tuple[RateStep, ...] = (RateStep(20 * MiB, math.inf),)
     image_size: int = 8 * GiB
+    throttle: str = ""
+
+    @property
+    def throttled(self) -> bool:
+        """Does the harness set this target's rate (and so its schedule apply)?"""
+        return self.kind == "loop" or bool(self.throttle)
 
     @property
     def label(self) -> str:
         if self.kind == "loop":
             return f"loop@{format_schedule(self.schedule)}"
+        if self.throttle:
+            return f"{self.path}@{self.throttle}@{format_schedule(self.schedule)}"
         return self.kind if self.kind != "path" else self.path
 
 
-def parse_target(text: str) -> TargetSpec:
-    """``loop``/``tmpfs``/``rootdir`` are built in; anything containing ``/`` is a directory."""
+def parse_target(text: str, throttle: str = "") -> TargetSpec:
+    """``loop``/``tmpfs``/``rootdir`` are built in; anything containing ``/`` is a directory,
+    which *throttle* (``tc:DEV``) makes a throttled one."""
     if text in BUILTIN_TARGETS:
         return TargetSpec(text)
     if "/" not in text:
@@ -328,7 +339,14 @@ def parse_target(text: str) -> TargetSpec:
             f"--target {text!r}: use one of {', '.join(BUILTIN_TARGETS)} or a directory path "
             "(write ./NAME for a relative one)"
         )
-    return TargetSpec("path", path=text)
+    if throttle:
+        from bench.tc import parse_throttle
+
+        try:
+            parse_throttle(throttle)
+        except ValueError as err:
+            raise PlanError(str(err)) from None
+    return TargetSpec("path", path=text, throttle=throttle)
 
 
 # --- the whole invocation -----------------------------------------------------------------------
@@ -361,10 +379,18 @@ class Plan:
     plots: bool = True
     daemon_stop_timeout: float = 600.0  # SIGTERM flushes; a stalled target may take this long
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: Where the victim's files and the loop image go ("": /var/tmp); a real disk, since
+    #: fdatasync on tmpfs (the NFS lab's root) returns at once.
+    workdir: str = ""
+    #: Seconds the backup writer is launched before the clock (t0) starts; it waits for t0.
+    writer_head_start: float = 0.0
+    #: Seconds a FUSE daemon may take to mount (a TCG guest on a busy host needs more than 30).
+    mount_timeout: float = 30.0
 
     def needs_root(self) -> list[str]:
         """Reasons this plan needs root; empty when an unprivileged user can run it."""
         why = [f"the built-in {t.kind} target" for t in self.targets if t.kind != "path"]
+        why += [f"the {t.throttle} throttle" for t in self.targets if t.throttle]
         if self.cgroup_mem:
             why.append("the shared memory cgroup (--cgroup-mem)")
         return why
@@ -374,5 +400,5 @@ class Plan:
 
 
 def with_schedule(targets: tuple[TargetSpec, ...], steps: tuple[RateStep, ...]) -> tuple:
-    """Apply a rate schedule to the loop targets (the only ones the harness can throttle)."""
-    return tuple(replace(t, schedule=steps) if t.kind == "loop" else t for t in targets)
+    """Apply a rate schedule to the targets the harness can throttle (loop, ``tc:DEV``)."""
+    return tuple(replace(t, schedule=steps) if t.throttled else t for t in targets)

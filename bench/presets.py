@@ -194,6 +194,10 @@ def build_plan(
     scale: str,
     *,
     targets: list[str] | None = None,
+    throttle: str | None = None,
+    workdir: str | None = None,
+    writer_head_start: float | None = None,
+    mount_timeout: float | None = None,
     schedule: str | None = None,
     workloads: str | None = None,
     size: int | None = None,
@@ -215,9 +219,14 @@ def build_plan(
         raise PlanError(f"unknown preset {preset_name!r} (known: {', '.join(PRESETS)})")
     p = PRESETS[preset_name]
     steps = parse_schedule(schedule or p.schedule[scale])
-    target_specs = tuple(parse_target(t) for t in (targets or p.targets))
-    if schedule and not any(t.kind == "loop" for t in target_specs):
-        raise PlanError("--schedule throttles the built-in loop target only (--target loop)")
+    target_specs = tuple(parse_target(t, throttle or "") for t in (targets or p.targets))
+    if throttle and not any(t.throttle for t in target_specs):
+        raise PlanError("--throttle tc:DEV slows a directory target (--target PATH)")
+    if schedule and not any(t.throttled for t in target_specs):
+        raise PlanError(
+            "--schedule throttles the built-in loop target (--target loop) or a directory "
+            "target with --throttle tc:DEV"
+        )
     target_specs = with_schedule(target_specs, steps)
     if image_size:
         target_specs = tuple(replace(t, image_size=image_size) for t in target_specs)
@@ -254,6 +263,9 @@ def build_plan(
         verify=smoke if verify is None else verify,
         daemon_stop_timeout=60.0 if smoke else 600.0,
         plots=plots,
+        workdir=workdir or "",
+        writer_head_start=writer_head_start or 0.0,
+        mount_timeout=mount_timeout or 30.0,
     )
 
 

@@ -48,6 +48,9 @@ METRICS = (
     Metric("victim_over_500ms", "victim ops > 0.5 s", ".0f", "low"),
     Metric("victim_dead_seconds", "victim seconds without an op", ".0f", "low"),
     Metric("victim_longest_gap_ms", "victim longest gap ms", ".0f", "low"),
+    Metric("dirty_peak_mib", "Dirty peak MiB", ".0f", "low"),
+    Metric("writeback_peak_mib", "Writeback peak MiB", ".0f", "low"),
+    Metric("cg_dirty_peak_mib", "cgroup Dirty peak MiB", ".0f", "low"),
     Metric("cg_writeback_peak_mib", "cgroup Writeback peak MiB", ".0f", "low"),
     Metric("cg_backup_cached_peak_mib", "cgroup cache not the victim's, peak MiB", ".0f", "low"),
     Metric(

@@ -16,10 +16,12 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench import analysis
 from bench.cgroup import MemoryCgroup
@@ -48,7 +50,7 @@ from bench.system import (
     start,
     tree_resident_bytes,
 )
-from bench.target import BdiLimit, Target, make_target
+from bench.target import BdiLimit, NfsCounter, Target, make_target
 from bench.workloads import (
     JobContext,
     WorkloadResult,
@@ -85,7 +87,7 @@ class Runner:
         self.exe_reason = "fusethrottle executable not found (--fusethrottle PATH)"
         pid = os.getpid()
         # Host-disk work area (loop image, victim file) and a tmpfs one (logs, tar source).
-        self.workdir = Path(f"/var/tmp/fusethrottle-bench-{pid}")
+        self.workdir = Path(plan.workdir or "/var/tmp") / f"fusethrottle-bench-{pid}"
         self.scratch = JOURNAL_DIR / f"run-{pid}"
         self._trees: dict[int, tuple[Path, int, int]] = {}
         self._daemon: Daemon | None = None
@@ -131,9 +133,7 @@ class Runner:
             "cell": cell,
             "order": self.order,
             "target": target.spec.label,
-            "schedule": format_schedule(target.spec.schedule)
-            if target.spec.kind == "loop"
-            else None,
+            "schedule": format_schedule(target.spec.schedule) if target.spec.throttled else None,
             "workload": workload.label,
             "workload_size": workload.size,
             "arm": arm.label,
@@ -248,7 +248,7 @@ class Runner:
                 backing.mkdir()
                 daemon = self._make_daemon(arm, cell, backing, procs)
                 self._daemon = daemon  # closed gently by run_cell if the arm fails
-                daemon.start()
+                daemon.start(timeout=plan.mount_timeout)
                 write_dir = daemon.mountpoint
 
             ctx = JobContext(
@@ -277,7 +277,7 @@ class Runner:
                 cg.stat if cg else None,
                 daemon.pid if daemon else None,
                 daemon.metrics_url if daemon else None,
-                self._residency(cell, dest) if cg and victim else None,
+                self._residency(cell, dest, target) if cg and victim else None,
             )
             sampler.start()
             stack.callback(sampler.stop)
@@ -288,20 +288,42 @@ class Runner:
                 stack.callback(prober.stop)
             time.sleep(plan.lead_seconds)
 
-            load_start = loadavg()
-            busy0 = cpu_times()
-            absorbed0 = target.counter.read()
-            daemon_cpu0 = process_cpu_seconds(daemon.pid) if daemon and daemon.pid else None
-            t0 = time.monotonic()
-            sampler.mark()
+            # t0: the backup starts, and the schedule with it. With a head start the writer is
+            # launched that much earlier and waits for t0 itself, so its interpreter's start-up
+            # (seconds in a TCG guest) falls before the clock, not into the schedule's steps.
+            t0 = time.monotonic() + plan.writer_head_start
+            at_t0: dict[str, Any] = {}
+
+            def clock_starts() -> None:
+                at_t0["load"] = loadavg()
+                at_t0["busy"] = cpu_times()
+                at_t0["absorbed"] = target.counter.read()
+                at_t0["daemon_cpu"] = (
+                    process_cpu_seconds(daemon.pid) if daemon and daemon.pid else None
+                )
+                sampler.mark()
+
+            starter = threading.Timer(max(0.0, t0 - time.monotonic()), clock_starts)
+            starter.daemon = True
+            if plan.writer_head_start > 0:
+                ctx.start_at = t0
+                starter.start()
+            else:
+                clock_starts()
             if target.schedule:
                 target.schedule.start(t0)
             if arm.kind == "idle":
-                time.sleep(plan.idle_seconds)
+                time.sleep(max(0.0, t0 - time.monotonic()) + plan.idle_seconds)
                 wres = WorkloadResult(seconds=plan.idle_seconds)
             else:
                 ctx.set_writer_pid = lambda pid: setattr(sampler, "writer_pid", pid)
                 wres = run_workload(workload, arm, write_dir, ctx)
+            if plan.writer_head_start > 0:
+                starter.join()
+            load_start = at_t0["load"]
+            busy0 = at_t0["busy"]
+            absorbed0 = at_t0["absorbed"]
+            daemon_cpu0 = at_t0["daemon_cpu"]
             t_written = time.monotonic()
             sampler.writer_pid = None
             probes = prober.stop() if prober else []  # before the daemon goes away
@@ -331,6 +353,7 @@ class Runner:
                 self.teardown.forget(victim.key)
                 victim_ops = _read_victim(victim_log)
             cg_failcnt = cg.failcnt() if cg else None
+            cg_oom_kills = cg.oom_kills() if cg else None
 
         # --- numbers -------------------------------------------------------------------------
         t_end = t0 + (plan.idle_seconds if arm.kind == "idle" else t_durable - t0)
@@ -365,6 +388,7 @@ class Runner:
             "load1_end": load_end,
             "machine_busy_pct_arm": 100 * (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]),
             "cgroup_failcnt": cg_failcnt,
+            "cgroup_oom_kills": cg_oom_kills,
             "t0_monotonic": t0,
         }
         out |= {f"wl_{k}": v for k, v in (prepared | wres.extra).items()}
@@ -424,14 +448,18 @@ class Runner:
             build.binary, backing, mountpoint, arm.c_options(), log_path, self.teardown, cgroup
         )
 
-    def _residency(self, cell: str, dest: Path) -> Callable[[], dict[str, int]]:
+    def _residency(self, cell: str, dest: Path, target: Target) -> Callable[[], dict[str, int]]:
         files = self.victim_files(cell)
+        # Not on NFS: opening a file someone is writing there waits for its dirty pages to reach
+        # the server (the client flushes to get c/mtime right), and a sampler waiting on that
+        # took 10 samples in 45 s of a direct arm in the NFS lab, missing its Dirty peaks.
+        on_nfs = isinstance(target.counter, NfsCounter)
 
         def sample() -> dict[str, int]:
-            return {
-                "victim_cached": sum(resident_bytes(f) for f in files),
-                "target_cached": tree_resident_bytes(dest),
-            }
+            out = {"victim_cached": sum(resident_bytes(f) for f in files)}
+            if not on_nfs:
+                out["target_cached"] = tree_resident_bytes(dest)
+            return out
 
         return sample
 

@@ -510,6 +510,12 @@ def _act_remove_cgroup(path: str, parent_procs: str) -> None:
     log.warning("could not remove cgroup %s", path)
 
 
+def _act_restore_tc(dev: str, how: str, rate: int) -> None:
+    from bench.tc import restore
+
+    restore(dev, how, rate)
+
+
 def _act_kill(pid: int, start_ticks: int) -> None:
     if process_start_ticks(pid) == start_ticks:
         with contextlib.suppress(ProcessLookupError):
@@ -518,6 +524,7 @@ def _act_kill(pid: int, start_ticks: int) -> None:
 
 ACTIONS: dict[str, Callable[..., None]] = {
     "clear-throttle": _act_clear_throttle,
+    "restore-tc": _act_restore_tc,
     "restore-bdi": _act_restore_bdi,
     "umount": _act_umount,
     "fusermount": _act_fusermount,

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.plan import RateStep, TargetSpec, format_size
+from bench.plan import RateStep, TargetSpec, format_schedule, format_size
 from bench.system import (
     BLKIO_WRITE_BPS,
     ArmSkipped,
@@ -28,6 +28,7 @@ from bench.system import (
     syncfs,
     write_sysfs,
 )
+from bench.tc import TcThrottle, parse_throttle
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class Throttle:
 class ScheduleRunner:
     """Applies a rate schedule from a start time, in its own thread, then holds the last rate."""
 
-    def __init__(self, throttle: Throttle, steps: tuple[RateStep, ...]) -> None:
+    def __init__(self, throttle: Throttle | TcThrottle, steps: tuple[RateStep, ...]) -> None:
         self.throttle = throttle
         self.steps = steps
         self._stop = threading.Event()
@@ -303,6 +304,16 @@ class PathTarget(Target):
         self.counter = counter_for(self.root, shared=True)
         self.bdi = bdi_for(self.root)
         self.description = f"{_fstype(self.root)} at {given} ({self.counter.description})"
+        if self.spec.throttle:
+            dev = parse_throttle(self.spec.throttle)
+            throttle = TcThrottle(dev)
+            # early: on abort the link is opened up first, so pending flushes finish quickly.
+            teardown.push("restore-tc", *throttle.setup(), early=True)
+            throttle.apply(self.spec.schedule[0].rate)
+            self.schedule = ScheduleRunner(throttle, self.spec.schedule)
+            self.description += (
+                f", egress of {dev} throttled by tc tbf, {format_schedule(self.spec.schedule)}"
+            )
 
     def bdi_skip_reason(self) -> str | None:
         reason = super().bdi_skip_reason()

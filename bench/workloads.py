@@ -7,6 +7,7 @@ The sampler is told which process is "the writer" so it can follow its write() p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -56,6 +57,9 @@ class JobContext:
     # utime+stime of the arm's FUSE daemon so far (None: no daemon), so a job with several
     # phases can charge each its own share: "CPU = writer + daemon" per phase.
     daemon_cpu: Callable[[], float | None] = lambda: None
+    # When the backup's clock starts (time.monotonic(); None: at once): the stream writer is
+    # launched early and waits for it, any other job is launched then.
+    start_at: float | None = None
 
 
 def skip_reason(workload: WorkloadSpec, arm: ArmSpec) -> str | None:
@@ -90,6 +94,8 @@ def run_workload(
     kind = workload.kind
     if kind in ("seq", "paced", "small4k", "small10k"):
         return _stream(workload, arm, dest, ctx)
+    if ctx.start_at is not None:
+        time.sleep(max(0.0, ctx.start_at - time.monotonic()))
     if kind in ("fio", "fio-rand"):
         return _fio(workload, arm, dest, ctx)
     if kind in ("tree", "tarball"):
@@ -142,6 +148,8 @@ def _stream(workload: WorkloadSpec, arm: ArmSpec, dest: Path, ctx: JobContext) -
         cmd += ["--fsync-every", str(arm.fsync_every())]
     if workload.duration > 0:
         cmd += ["--duration", str(workload.duration)]
+    if ctx.start_at is not None:
+        cmd += ["--start-at", repr(ctx.start_at)]
     if workload.kind == "paced":
         cmd += ["--rate", str(PACED_RATE)]
     if ctx.verify:
@@ -149,6 +157,8 @@ def _stream(workload: WorkloadSpec, arm: ArmSpec, dest: Path, ctx: JobContext) -
     child = _run_one("writer", cmd, ctx, out)
     code = child.wait()
     ctx.teardown.forget(child.key)
+    if code == -9:
+        return _killed_writer(child, ctx)
     if code != 0:
         raise BenchError(f"writer exited {code}: {_tail(ctx.scratch / 'writer.err')}")
     rep = json.loads(out.read_text().strip().splitlines()[-1])
@@ -165,6 +175,29 @@ def _stream(workload: WorkloadSpec, arm: ArmSpec, dest: Path, ctx: JobContext) -
         fsync_max=rep["fsync_max"],
         verified=rep.get("verified"),
         extra={"close_s": rep["close_seconds"]},
+    )
+
+
+def _killed_writer(child: Child, ctx: JobContext) -> WorkloadResult:
+    """A writer SIGKILLed (by the OOM killer of a full memory cgroup: the harness kills only
+    after the arm) is a result, not a broken arm: what it wrote by then is in its interval
+    log, and the neighbour's numbers around the kill are what the arm is about."""
+    done, worst = 0, 0.0
+    with contextlib.suppress(OSError):
+        for line in (ctx.scratch / "writer.jsonl").read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                done = max(done, int(rec.get("bytes") or 0))
+                worst = max(worst, float(rec.get("max") or 0.0))
+    end = child.ended if child.ended is not None else time.monotonic()
+    log.warning("  the writer was killed (SIGKILL: the OOM killer?) after %d MiB", done >> 20)
+    return WorkloadResult(
+        bytes=done,
+        files=1,
+        seconds=end - max(child.started, ctx.start_at or 0.0),
+        cpu_s=child.cpu_seconds or 0.0,
+        write_max=worst or None,
+        extra={"writer_killed": 1.0},
     )
 
 

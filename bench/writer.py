@@ -68,6 +68,9 @@ def stream(args: argparse.Namespace) -> dict[str, object]:
     """Write one file with fixed-size buffered write() calls, like a streaming backup."""
     block = args.block
     buf = bytearray(random.Random(args.seed).randbytes(block))
+    if args.start_at:
+        # Launched early (the harness's head start): the clock starts at this monotonic time.
+        time.sleep(max(0.0, args.start_at - time.monotonic()))
     lat = array("d")
     ilog = IntervalLog(args.log)
     fsyncs: list[float] = []
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--duration", type=float, default=0.0)
     s.add_argument("--rate", type=float, default=0.0, help="bytes/s to keep to (0: flat out)")
     s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--start-at", type=float, default=0.0, help="time.monotonic() to start at")
     s.add_argument("--log")
     s.add_argument("--verify", action="store_true")
     f = sub.add_parser("files", help="create many small files")

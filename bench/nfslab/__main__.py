@@ -35,6 +35,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("suite", choices=sorted(SUITES))
     r.add_argument("--profile", action="append", help="only these of the suite's profiles")
     r.add_argument("--out", type=Path, help="where results go")
+    r.add_argument("--command", action="append", help="only these of the suite's commands")
     r.add_argument("--cpus", type=int, default=2)
     r.add_argument("--memory", type=int, default=4096, help="MiB")
     r.add_argument("--timeout", type=float, default=3600, help="seconds per VM")
@@ -44,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--cpus", type=int, default=2)
     e.add_argument("--memory", type=int, default=4096, help="MiB")
     e.add_argument("--timeout", type=float, default=1800)
+    e.add_argument(
+        "--layout", choices=("one", "two"), default="one", help="two: the server in a VM of its own"
+    )
     e.add_argument("argv", nargs=argparse.REMAINDER)
     return p
 
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             machine = vm.Machine(accel, args.cpus, args.memory)
             job = vm.run_job(
                 boot, machine, args.profile, [vm.Command("exec", args.argv[1:], {}, args.timeout)],
-                args.out, lab_dir=args.lab_dir, timeout=args.timeout + 120,
+                args.out, lab_dir=args.lab_dir, timeout=args.timeout + 120, layout=args.layout,
             )  # fmt: skip
             sys.stdout.write((args.out / "exec.log").read_text(errors="replace"))
             return 0 if _report("exec", job, args.out) else 1
@@ -111,14 +115,26 @@ def main(argv: list[str] | None = None) -> int:
             else Path("/tmp") / f"ftlab-{args.suite}"
         )
         out = args.out or default
+        commands = [c for c in suite.commands if not args.command or c.name in args.command]
+        if not commands:
+            known = ", ".join(c.name for c in suite.commands)
+            print(
+                f"no such command in {args.suite}: {args.command} (known: {known})", file=sys.stderr
+            )
+            return 2
         machine = vm.Machine(accel, args.cpus, args.memory)
         host_probe = cpu_probe_seconds()
         ok = True
-        summary = {"suite": args.suite, "accel": accel, "host_cpu_probe_seconds": host_probe}
+        summary = {
+            "suite": args.suite,
+            "accel": accel,
+            "layout": suite.layout,
+            "host_cpu_probe_seconds": host_probe,
+        }
         for profile in profiles:
             job = vm.run_job(
-                boot, machine, profile, list(suite.commands), out / profile,
-                lab_dir=args.lab_dir, timeout=args.timeout,
+                boot, machine, profile, commands, out / profile,
+                lab_dir=args.lab_dir, timeout=args.timeout, layout=suite.layout,
             )  # fmt: skip
             ok = _report(profile, job, out / profile) and ok
             guest_probe = job.result.get("cpu_probe_seconds")

@@ -14,6 +14,12 @@ The layout, the same in every run:
 * another host writing to the same export: NFS client 2, network namespace ``client2``, mounts
   at ``/mnt/nfs2/<export>`` (its own client ID, caches and transport);
 * the link of each client is a veth pair shaped by the profile (profiles.qdisc_commands).
+
+The two-VM layout (``role`` in job.json, vm.run_pair) splits this: a ``server`` VM runs only
+knfsd on its own disk and waits for the host's ``stop`` file; a ``client`` VM mounts the
+exports at ``/mnt/nfs/<export>`` (no second client) and has an ext4 disk of its own at
+``/var/lib/victim``. The two talk over a virtio NIC (``eth0``), each shaping its own egress with
+the profile's qdiscs; the commands learn the device from FTLAB_NET_DEV.
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ DISK = "/dev/vda"
 #: opens for the grace period while clients reclaim their state; 90 s per restart made the tests
 #: of a server that stops minutes long. The clients renew their lease every few seconds instead.
 NFSV4_GRACE_SECONDS = 10
+#: The two-VM layout: the NIC of each VM, and where the client's own disk is mounted.
+NIC = "eth0"
+VICTIM_DIR = Path("/var/lib/victim")
+#: The virtio link's MTU. The socket netdev has no offloads (no TSO/GSO), so every frame is one
+#: packet through qemu's device model, and under TCG packets, not bytes, cost the time.
+NIC_MTU = int(os.environ.get("FTLAB_MTU", "9000"))
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 120) -> str:
@@ -99,9 +111,63 @@ def setup_network(profile: profiles.Profile) -> None:
                 sh("ip", "netns", "exec", ns, *command)
 
 
-def start_server(profile: profiles.Profile, device: str) -> None:
+def setup_link(profile: profiles.Profile, addr: str) -> None:
+    """The two-VM layout: this VM's end of the virtio link, its egress shaped by the profile."""
+    sh("ip", "link", "set", "lo", "up")
+    sh("modprobe", "virtio_net")
+    for _ in range(100):
+        if Path(f"/sys/class/net/{NIC}").exists():
+            break
+        time.sleep(0.1)
+    sh("ip", "addr", "add", f"{addr}/24", "dev", NIC)
+    sh("ip", "link", "set", NIC, "mtu", str(NIC_MTU), "up")
+    for command in profiles.qdisc_commands(NIC, profile):
+        sh(*command)
+
+
+def setup_victim_disk() -> None:
+    """The client's own ext4 disk (made on the host): the victim's fdatasync reaches a disk."""
+    sh("modprobe", "virtio_blk")
+    for _ in range(50):
+        if Path(DISK).exists():
+            break
+        time.sleep(0.1)
+    sh("modprobe", "ext4")
+    VICTIM_DIR.mkdir(parents=True, exist_ok=True)
+    sh("mount", "-o", "noatime", DISK, str(VICTIM_DIR))
+
+
+def _cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole VM, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def wait_for_stop(job_dir: Path, timeout: float, every: float = 10.0) -> None:
+    """The server VM serves until the host writes ``stop`` into the job share; meanwhile it
+    logs how busy its one vCPU was (is a server VM of one vCPU enough under TCG?)."""
+    deadline = time.monotonic() + timeout
+    last, next_log, peak, busy_sum, n = _cpu(), time.monotonic() + every, 0.0, 0.0, 0
+    while not (job_dir / "stop").exists() and time.monotonic() < deadline:
+        time.sleep(1)
+        if time.monotonic() >= next_log:
+            now = _cpu()
+            busy = (now[0] - last[0]) / max(1, now[1] - last[1])
+            last, next_log = now, next_log + every
+            peak, busy_sum, n = max(peak, busy), busy_sum + busy, n + 1
+            log(f"server cpu busy {100 * busy:.0f}% over {every:.0f} s")
+    if n:
+        log(f"server cpu busy: mean {100 * busy_sum / n:.0f}%, peak {100 * peak:.0f}% (of 10 s)")
+
+
+def start_server(profile: profiles.Profile, device: str, max_block: int = 0) -> None:
+    """knfsd with the profile's exports; *max_block*: the largest READ/WRITE it offers (0: the
+    kernel's choice, which shrinks with the VM's memory: 128 KiB in a 1 GiB server VM)."""
     sh("modprobe", "nfsd")
     sh("mount", "-t", "nfsd", "nfsd", "/proc/fs/nfsd")
+    if max_block:
+        Path("/proc/fs/nfsd/max_block_size").write_text(str(max_block))
     sh("mount", "-t", "tmpfs", "-o", "mode=0755", "srv", "/srv")
     os.makedirs(profiles.DISK_MOUNT)
     sh("mount", device, profiles.DISK_MOUNT)
@@ -161,7 +227,20 @@ def mount_clients(profile: profiles.Profile) -> None:
             )  # fmt: skip
 
 
-def run_commands(job: dict, job_dir: Path) -> list[dict]:
+def mount_client(profile: profiles.Profile) -> None:
+    """The two-VM layout's one client: the exports at /mnt/nfs/<export>."""
+    sh("modprobe", "nfs")
+    sh("modprobe", "nfsv3" if profile.version == "3" else "nfsv4")
+    for export in profiles.EXPORTS:
+        where = NFS / export.name
+        where.mkdir(parents=True, exist_ok=True)
+        sh(
+            "mount", "-t", "nfs", "-o", profiles.mount_options(profile),
+            profiles.server_path(profile, export.name), str(where), timeout=120,
+        )  # fmt: skip
+
+
+def run_commands(job: dict, job_dir: Path, extra_env: dict[str, str] | None = None) -> list[dict]:
     out = job_dir / "out"
     out.mkdir(exist_ok=True)
     results = []
@@ -172,6 +251,7 @@ def run_commands(job: dict, job_dir: Path) -> list[dict]:
         FTLAB_NFS=str(NFS),
         FTLAB_NFS2=str(NFS2),
         FTLAB_OUT=str(out),
+        **(extra_env or {}),
     )
     for command in job["commands"]:
         name = command["name"]
@@ -201,20 +281,38 @@ def main(job_dir: Path) -> int:
     job = json.loads((job_dir / "job.json").read_text())
     profile = profiles.PROFILES[job["profile"]]
     started = time.monotonic()
-    log(f"profile {profile.name}: {profile.description}")
+    role = job.get("role", "both")
+    log(f"profile {profile.name} ({role}): {profile.description}")
     setup_modules(job["modules"])
-    device = setup_disk(profile)
-    setup_network(profile)
-    start_server(profile, device)
-    mount_clients(profile)
+    env = {"FTLAB_LAYOUT": "one" if role == "both" else "two"}
+    if role == "server":
+        device = setup_disk(profile)
+        setup_link(profile, profiles.SERVER_ADDR)
+        start_server(profile, device, max_block=profiles.MIB)
+        log(f"serving in {time.monotonic() - started:.1f} s")
+        (job_dir / "server.ready").write_text("")
+        wait_for_stop(job_dir, float(job.get("timeout", 7200)))
+        log("stop")
+        return 0
+    if role == "client":
+        setup_victim_disk()
+        setup_link(profile, profiles.CLIENT_ADDR)
+        mount_client(profile)
+        env |= {"FTLAB_NET_DEV": NIC, "FTLAB_VICTIM_DIR": str(VICTIM_DIR)}
+    else:
+        device = setup_disk(profile)
+        setup_network(profile)
+        start_server(profile, device)
+        mount_clients(profile)
     setup_seconds = time.monotonic() - started
     log(f"server and clients up in {setup_seconds:.1f} s")
     probe = cpu_probe_seconds()
-    results = run_commands(job, job_dir)
+    results = run_commands(job, job_dir, env)
     (job_dir / "result.json").write_text(
         json.dumps(
             {
                 "profile": profile.name,
+                "layout": env["FTLAB_LAYOUT"],
                 "kernel": os.uname().release,
                 "setup_seconds": round(setup_seconds, 1),
                 "cpu_probe_seconds": probe,

@@ -21,10 +21,37 @@ class Suite:
     commands: tuple[Command, ...]
     #: Results are worth keeping (a bench): written under bench/results/ by default.
     bench: bool = False
+    #: ``one``: server and clients in one VM; ``two``: the server in a VM of its own
+    #: (vm.run_pair), for tests where the client's memory pressure must not reach the server.
+    layout: str = "one"
 
 
 def _pytest(name: str, *args: str, timeout: float = 1800) -> Command:
     return Command(name, [*PYTEST, *args, f"--junitxml=/run/ftlab/job/out/{name}.xml"], {}, timeout)
+
+
+# Issue item 7: the neighbour beside a backup onto the real Linux NFS client, the target
+# degrading 20 -> 1 -> 20 MiB/s (tc on the client's egress), the neighbour and the backup in one
+# 512 MiB memory cgroup of a 4 GiB client VM, the server in a VM of its own. The steps are
+# shorter than db-degrade's (TCG runs the guest ~10x slower than the host). Under TCG the
+# writer's interpreter takes 4-20 s to start, so it is launched 15 s ahead and waits for the
+# clock; the daemon's metrics are not scraped: one scrape cost the daemon ~0.4 CPU-s there, and
+# every 250 ms that would be more than the VM's two vCPUs.
+NEIGHBOUR_SCHEDULE = "20M:8s,1M:16s,20M:8s"
+NEIGHBOUR_ARMS = "idle,direct,direct-bdi,ft-adaptive,ft-adaptive:memory_cgroup=off"
+
+
+def _neighbour(victim: str, repeats: int = 5) -> Command:
+    """``bench run`` in the client VM for one victim; its run directory is out/<victim>."""
+    bench = (
+        ".venv/bin/python -m bench run --preset db-degrade --target /mnt/nfs/rw "
+        '--throttle "tc:$FTLAB_NET_DEV" --workdir "$FTLAB_VICTIM_DIR" '
+        f"--schedule {NEIGHBOUR_SCHEDULE} --arms {NEIGHBOUR_ARMS} --victim {victim} "
+        f"--cgroup-mem 512M --idle 32 --repeats {repeats} --no-plots --no-metrics "
+        "--writer-head-start 15 --mount-timeout 120 "
+        f'--out "$FTLAB_OUT/{victim}"'
+    )
+    return Command(victim, ["bash", "-c", bench], {}, 3400)
 
 
 SUITES: dict[str, Suite] = {
@@ -46,5 +73,19 @@ SUITES: dict[str, Suite] = {
         ("lan", "efs"),
         (Command("wire", [".venv/bin/python", "-m", "bench.nfslab.wire"], {}, 3600),),
         bench=True,
+    ),
+    "neighbour": Suite(
+        "issue item 7: the fdatasync and the db neighbour beside a backup onto NFS degrading "
+        f"{NEIGHBOUR_SCHEDULE}, arms {NEIGHBOUR_ARMS}, 5 repeats; the server in a VM of its own",
+        ("slow",),
+        (_neighbour("fdatasync"), _neighbour("db")),
+        bench=True,
+        layout="two",
+    ),
+    "neighbour-smoke": Suite(
+        "the neighbour suite at 1 repeat (a check that it runs, not numbers)",
+        ("slow",),
+        (_neighbour("fdatasync", 1), _neighbour("db", 1)),
+        layout="two",
     ),
 }

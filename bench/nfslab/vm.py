@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -58,6 +59,30 @@ def _accel_args(accel: str) -> list[str]:
     return ["-accel", "tcg,thread=multi", "-cpu", "max"]
 
 
+#: The two-VM layout's link: a qemu socket netdev over the host's loopback (no host root
+#: networking, no tap), the server listening and the client connecting; one MAC each.
+SERVER_MAC = "52:54:00:77:00:01"
+CLIENT_MAC = "52:54:00:77:00:02"
+#: The server VM of the two-VM layout: knfsd only, so one vCPU; its page cache holds what the
+#: async export has not written to its disk yet.
+SERVER_CPUS = 1
+SERVER_MEMORY_MIB = 1024
+#: The client's own disk in the two-VM layout (ext4, the victim's files): its root is a
+#: tmpfs overlay, where fdatasync returns at once.
+VICTIM_DISK_SIZE = 4 << 30
+SERVER_READY_TIMEOUT = 600.0
+
+
+def socket_nic(role: str, port: int) -> list[str]:
+    """qemu's arguments for the two-VM link of *role* (pure)."""
+    how = "listen" if role == "server" else "connect"
+    mac = SERVER_MAC if role == "server" else CLIENT_MAC
+    return [
+        "-netdev", f"socket,id=n0,{how}=127.0.0.1:{port}",
+        "-device", f"virtio-net-pci,netdev=n0,mac={mac}",
+    ]  # fmt: skip
+
+
 def qemu_argv(
     boot: Boot,
     machine: Machine,
@@ -66,8 +91,9 @@ def qemu_argv(
     console: Path,
     job_dir: Path | None = None,
     disk: Path | None = None,
+    nic: list[str] | None = None,
 ) -> list[str]:
-    """The qemu command line of a lab VM (pure)."""
+    """The qemu command line of a lab VM (pure); *nic*: the two-VM link (default: none)."""
     argv = [
         "qemu-system-x86_64",
         *_accel_args(machine.accel),
@@ -75,7 +101,7 @@ def qemu_argv(
         "-m", str(machine.memory_mib),
         "-display", "none", "-monitor", "none", "-no-reboot",
         "-serial", f"file:{console}",
-        "-nic", "none",
+        *(nic or ["-nic", "none"]),
         "-kernel", str(boot.kernel),
         "-initrd", str(boot.initrd),
         "-append", f"console=ttyS0 quiet panic=-1 ftlab_init={init}",
@@ -132,6 +158,13 @@ def detect_accel(boot: Boot, lab_dir: Path) -> str:
     return accel
 
 
+def free_port() -> int:
+    """A TCP port on the host's loopback that nobody listens on now (qemu takes it next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def make_disk(path: Path, size: int = DISK_SIZE) -> None:
     """A sparse, empty ext4 image for the server's export (made on the host: fast)."""
     with open(path, "wb") as f:
@@ -160,8 +193,18 @@ def run_job(
     *,
     lab_dir: Path,
     timeout: float = 3600.0,
+    layout: str = "one",
 ) -> JobResult:
-    """Boot, run *commands* in the guest under *profile*, copy the results to *out_dir*."""
+    """Boot, run *commands* in the guest under *profile*, copy the results to *out_dir*.
+
+    *layout* ``one``: server and clients in one VM (guest.py's default). ``two``: the server
+    in a VM of its own, so that memory pressure in the client cannot reach the server's kernel
+    (a loopback NFS server can deadlock its client under memory pressure): see
+    :func:`run_pair`."""
+    if layout == "two":
+        return run_pair(boot, machine, profile, commands, out_dir, lab_dir=lab_dir, timeout=timeout)
+    if layout != "one":
+        raise ValueError(f"unknown lab layout {layout!r} (one, two)")
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="job-", dir=lab_dir) as tmp:
         job_dir = Path(tmp)
@@ -208,3 +251,111 @@ def run_job(
             if (job_dir / "guest.log").exists()
             else "",
         )
+
+
+def _job_dir(lab_dir: Path, prefix: str, job: dict) -> Path:
+    job_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=lab_dir))
+    job_dir.chmod(0o755)
+    (job_dir / "job.json").write_text(json.dumps(job, indent=2))
+    return job_dir
+
+
+def _collect(job_dir: Path, out_dir: Path) -> tuple[int | None, dict]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    exit_file = job_dir / "guest.exit"
+    code = int(exit_file.read_text().strip()) if exit_file.exists() else None
+    result_file = job_dir / "result.json"
+    result = json.loads(result_file.read_text()) if result_file.exists() else {}
+    for name in ("console.log", "guest.log", "result.json"):
+        if (job_dir / name).exists():
+            shutil.copy2(job_dir / name, out_dir / name)
+    if (job_dir / "out").exists():
+        shutil.copytree(job_dir / "out", out_dir, dirs_exist_ok=True)
+    return code, result
+
+
+def run_pair(
+    boot: Boot,
+    machine: Machine,
+    profile: str,
+    commands: list[Command],
+    out_dir: Path,
+    *,
+    lab_dir: Path,
+    timeout: float = 3600.0,
+) -> JobResult:
+    """The two-VM layout: a server VM (knfsd exporting its own disk, :data:`SERVER_CPUS`) and
+    a client VM (*machine*; the NFS client, the commands, an ext4 disk of its own at
+    /var/lib/victim), linked by a qemu socket netdev on the host's loopback. Each VM shapes
+    its own egress with the profile's qdiscs, so the client's tbf is what the backup's WRITEs
+    cross. The server's logs go to *out_dir*/server."""
+    port = free_port()
+    modules = str(boot.modules)
+    server_dir = _job_dir(
+        lab_dir,
+        "job-srv-",
+        {"role": "server", "profile": profile, "modules": modules, "commands": [],
+         "timeout": timeout},
+    )  # fmt: skip
+    client_dir = _job_dir(
+        lab_dir,
+        "job-cli-",
+        {"role": "client", "profile": profile, "modules": modules,
+         "commands": [c.__dict__ for c in commands]},
+    )  # fmt: skip
+    export, victim = server_dir.with_suffix(".disk"), client_dir.with_suffix(".disk")
+    server = None
+    start = time.monotonic()
+    try:
+        make_disk(export)
+        make_disk(victim, VICTIM_DISK_SIZE)
+        server_argv = qemu_argv(
+            boot, Machine(machine.accel, SERVER_CPUS, SERVER_MEMORY_MIB),
+            init=GUEST / "init", console=server_dir / "console.log", job_dir=server_dir,
+            disk=export, nic=socket_nic("server", port),
+        )  # fmt: skip
+        with open(server_dir / "qemu.err", "w") as err:
+            server = subprocess.Popen(server_argv, stdout=subprocess.DEVNULL, stderr=err)
+        ready = server_dir / "server.ready"
+        deadline = time.monotonic() + SERVER_READY_TIMEOUT
+        while not ready.exists() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+        if ready.exists():
+            log.info("server VM up in %.0f s (port %d)", time.monotonic() - start, port)
+            client_argv = qemu_argv(
+                boot, machine, init=GUEST / "init", console=client_dir / "console.log",
+                job_dir=client_dir, disk=victim, nic=socket_nic("client", port),
+            )  # fmt: skip
+            try:
+                subprocess.run(client_argv, timeout=timeout, capture_output=True, check=False)
+            except subprocess.TimeoutExpired:
+                log.error("the client VM did not power off within %.0f s: killed", timeout)
+        else:
+            log.error("the server VM was not ready (see %s/server)", out_dir)
+    finally:
+        (server_dir / "stop").write_text("")
+        if server is not None:
+            try:
+                server.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                server.kill()  # our own qemu, by its Popen
+                server.wait()
+        export.unlink(missing_ok=True)
+        victim.unlink(missing_ok=True)
+    seconds = time.monotonic() - start
+    _collect(server_dir, out_dir / "server")
+    if (server_dir / "qemu.err").exists():
+        shutil.copy2(server_dir / "qemu.err", out_dir / "server" / "qemu.err")
+    code, result = _collect(client_dir, out_dir)
+    console = client_dir / "console.log"
+    guest_log = client_dir / "guest.log"
+    job = JobResult(
+        code,
+        seconds,
+        result,
+        console.read_text(errors="replace") if console.exists() else "",
+        guest_log.read_text(errors="replace") if guest_log.exists() else "",
+    )
+    shutil.rmtree(server_dir, ignore_errors=True)
+    shutil.rmtree(client_dir, ignore_errors=True)
+    return job
