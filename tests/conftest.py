@@ -110,19 +110,27 @@ def ft(make_mount: MakeMount) -> Daemon:
 
 @pytest.fixture
 def make_memfs(workdir: Path) -> Iterator[Callable[..., tuple[Daemon, Path]]]:
-    """``make_memfs(name, stale_unlinked=False, slow_getattr=0.0)`` -> (memfs Daemon, its
+    """``make_memfs(name, stale_unlinked=False, slow_getattr=0.0, slow_all_while=None)`` ->
+    (memfs Daemon, its
     write/fsync record file)."""
     daemons: list[Daemon] = []
 
     def make(
-        name: str, stale_unlinked: bool = False, slow_getattr: float = 0.0
+        name: str,
+        stale_unlinked: bool = False,
+        slow_getattr: float = 0.0,
+        slow_all_while: tuple[Path, float] | None = None,
     ) -> tuple[Daemon, Path]:
         mountpoint = workdir / name
         mountpoint.mkdir(exist_ok=True)
         record = workdir / f"{name}.record"
         record.touch()
         daemon = start_memfs(
-            mountpoint, record, stale_unlinked=stale_unlinked, slow_getattr=slow_getattr
+            mountpoint,
+            record,
+            stale_unlinked=stale_unlinked,
+            slow_getattr=slow_getattr,
+            slow_all_while=slow_all_while,
         )
         daemons.append(daemon)
         return daemon, record

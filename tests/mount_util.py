@@ -273,16 +273,20 @@ def start_memfs(
     timeout: float = START_TIMEOUT,
     stale_unlinked: bool = False,
     slow_getattr: float = 0.0,
+    slow_all_while: tuple[Path, float] | None = None,
 ) -> Daemon:
     """The in-memory target of memfs.py; *record* receives its write/fsync log;
     *stale_unlinked*: removed files answer ESTALE, as on NFS after another client's delete;
-    *slow_getattr*: seconds every stat takes."""
+    *slow_getattr*: seconds every stat takes; *slow_all_while* (PATH, SECONDS): every call
+    takes SECONDS while PATH exists."""
     log_path = mountpoint.with_name(mountpoint.name + ".log")
     argv = [sys.executable, MEMFS, str(mountpoint), str(record)]
     if stale_unlinked:
         argv.append("--stale-unlinked")
     if slow_getattr:
         argv.append(f"--slow-getattr={slow_getattr}")
+    if slow_all_while is not None:
+        argv.append(f"--slow-all-while={slow_all_while[0]}:{slow_all_while[1]}")
     return _start(argv, mountpoint, log_path, "fuse.memfs", timeout + 2 * slow_getattr)
 
 
