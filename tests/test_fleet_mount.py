@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis_util import RedisServer
 
-from fusethrottle import cli, daemon, metrics
+from fusethrottle import cli, metrics, mount
 from fusethrottle.fleet_command import main as fleet_main
 from fusethrottle.meter import Meter, OpClass, profile_for
 from fusethrottle.metrics import Metrics, Recorder
@@ -105,7 +105,7 @@ def _built(tmp_path: Path, options: list[str]) -> Metrics:
     config = parse_options(options, source=str(tmp_path), mountpoint=str(tmp_path / "mnt"))
     meter = Meter(profile_for(config))
     recorder = Recorder(meter)
-    return Metrics(daemon.build(config, recorder, recorder.target, meter), recorder)
+    return Metrics(mount.build(config, recorder, recorder.target, meter), recorder)
 
 
 def _scrape(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

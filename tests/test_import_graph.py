@@ -15,14 +15,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "fusethrottle"
 
 #: Import edges known to close a cycle, each (importer, imported). Every other cycle fails.
-KNOWN = {
-    # daemon <-> metrics: daemon.py starts the metrics, and metrics/ names daemon.Mount in its
-    # type hints. It goes when Mount moves out of daemon.py (the write-path rework): delete
-    # these three lines then (the test says so if they are left behind).
-    ("fusethrottle.metrics", "fusethrottle.daemon"),
-    ("fusethrottle.metrics.publisher", "fusethrottle.daemon"),
-    ("fusethrottle.metrics.snapshot", "fusethrottle.daemon"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def modules() -> dict[str, Path]:

@@ -26,7 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
 
 import fusethrottle
-from fusethrottle import daemon, metrics
+from fusethrottle import metrics
+from fusethrottle import mount as mount_parts
 from fusethrottle.meter import Meter, OpClass, profile_for
 from fusethrottle.metrics import (
     DEFS,
@@ -183,7 +184,7 @@ def test_hot_path_counters() -> None:
 # --- snapshots and exposition (a built mount, no kernel) -----------------------------------
 
 
-def _close(mount: daemon.Mount) -> None:
+def _close(mount: mount_parts.Mount) -> None:
     mount.inodes.close_all()
     os.close(mount.inodes[1].path_fd)
 
@@ -194,7 +195,7 @@ def built(tmp_path: Path) -> Iterator[Metrics]:
     config = Config(source=str(tmp_path), mountpoint=str(tmp_path / "mnt"), metrics="")
     meter = Meter(profile_for(config))
     recorder = Recorder(meter)
-    m = Metrics(daemon.build(config, recorder, recorder.target, meter), recorder)
+    m = Metrics(mount_parts.build(config, recorder, recorder.target, meter), recorder)
     yield m
     _close(m.mount)
 
@@ -203,7 +204,7 @@ def test_the_mount_has_one_meter_and_the_metrics_count_into_it(tmp_path: Path) -
     config = Config(source=str(tmp_path), mountpoint=str(tmp_path / "mnt"), metrics="")
     meter = Meter(profile_for(config))
     events, observer, tasks = attach_metrics(config, meter)  # as daemon.serve does
-    mount = daemon.build(config, events, observer, meter)
+    mount = mount_parts.build(config, events, observer, meter)
     try:
         assert mount.meter is meter and mount.ceilings.meter is meter
         started = tasks(mount)

@@ -27,7 +27,7 @@ import pytest
 import trio
 
 from fusethrottle import _libc
-from fusethrottle.daemon import Mount, build
+from fusethrottle.mount import Mount, build
 from fusethrottle.options import Config
 
 ROOT = pyfuse3.ROOT_INODE

@@ -19,7 +19,7 @@ import pytest
 import trio
 from mount_util import FUSETHROTTLE, command_for_other_users, wait_for
 
-from fusethrottle import daemon, mountinfo, status, status_server
+from fusethrottle import mount, mountinfo, status, status_server
 from fusethrottle.meter import Meter, profile_for
 from fusethrottle.metrics import Metrics, Recorder
 from fusethrottle.mountinfo import MountInfo
@@ -60,7 +60,7 @@ def snapshot(tmp_path: Path) -> Iterator[dict[str, Any]]:
     config = Config(source=str(tmp_path), mountpoint="/backups", mode="adaptive", window=256 * MiB)
     meter = Meter(profile_for(config))
     recorder = Recorder(meter)
-    m = Metrics(daemon.build(config, recorder, recorder.target, meter), recorder)
+    m = Metrics(mount.build(config, recorder, recorder.target, meter), recorder)
     try:
         yield trio.run(_publish, m)
     finally:

@@ -35,7 +35,7 @@ from .server import MetricsError, bind_endpoint, serve_endpoint, split_address
 from .snapshot import Snapshot
 
 if TYPE_CHECKING:
-    from ..daemon import Mount
+    from ..mount import Mount
 
 #: A task for the daemon's nursery, started with ``nursery.start`` (it reports when it is up).
 Task = Callable[..., Any]

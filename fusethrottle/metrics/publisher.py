@@ -26,7 +26,7 @@ from .recorder import Recorder
 from .snapshot import RateHistory, Snapshot, take_snapshot
 
 if TYPE_CHECKING:
-    from ..daemon import Mount
+    from ..mount import Mount
     from ..options import Config
 
 log = logging.getLogger(__package__)

@@ -24,8 +24,8 @@ from ..stats import percentile
 from .recorder import HistogramSnapshot, Recorder
 
 if TYPE_CHECKING:
-    from ..daemon import Mount
     from ..memory_cgroup import OwnMemoryCgroup
+    from ..mount import Mount
 
 RECENT_FSYNC_SPAN = 300.0  # seconds of fsyncs behind the status view's p50/p99
 MiB = 1024 * 1024

@@ -1,0 +1,250 @@
+"""One mount's parts: every collaborator built from a Config, and how they are wired.
+
+Kept apart from daemon.py (which runs a mount: serve, signals, shutdown) so that the metrics and
+the tests can name a Mount without importing the service around it.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .admission import WindowGate
+from .backend import Backend
+from .budget import WriteBudget
+from .ceilings import Ceilings
+from .controller import Controller, make_controller
+from .credentials import Callers, ThreadCredentials, can_switch
+from .events import Events, NullEvents
+from .fleet import FleetShare
+from .fleet import from_config as fleet_from_config
+from .flusher import Flusher
+from .init_flags import KillprivV2
+from .inodes import Inode, InodeTable
+from .kernel_cache import KernelCache
+from .kernel_entries import KernelEntries, bounds_for
+from .kernel_pages import KernelPages
+from .ledger import Ledger
+from .memory_cgroup import OwnMemoryCgroup
+from .meter import Meter, profile_for
+from .ops import Operations
+from .options import Config
+from .target_calls import target_has_xattrs
+
+#: What is admitted until the first fsync has measured the target (see effective_window).
+STARTUP_WINDOW = 16 << 20
+
+
+@dataclass
+class Mount:
+    """Every collaborator of one mount, built from a Config (no I/O but opening the root)."""
+
+    config: Config
+    backend: Backend
+    inodes: InodeTable
+    ledger: Ledger
+    gate: WindowGate
+    flusher: Flusher
+    ops: Operations
+    controller: Controller
+    events: Events
+    ceilings: Ceilings
+    #: The mount's one meter: the ceilings price requests with it, the metrics count into it.
+    meter: Meter
+    kernel_cache: KernelCache
+    #: The bound in force on everything un-synced (kernel cache + target), slow start included.
+    window: Callable[[], int]
+    #: Drops synced ranges from the mount's page cache (attached once mounted).
+    kernel_pages: KernelPages
+    #: Keeps the inode table within the descriptor limit (attached once mounted).
+    kernel_entries: KernelEntries | None = None
+    #: Where the target's page cache is charged (set by serve; None in tests that build alone).
+    memory_cgroup: OwnMemoryCgroup | None = None
+    #: This mount's part of a fleet budget (budget=redis://...), drawn from by the ceilings.
+    fleet: FleetShare | None = None
+
+
+def effective_window(window: int, commit_rate: float | None) -> int:
+    """Slow start: until one fsync has shown how fast the target commits, admit little.
+
+    Without it the first write burst fills the whole window before anything is known, and the
+    first fsync (which writes back everything dirty in the file, not just one batch) then holds
+    the writer for window / target speed: ten seconds at 256 MiB and 20 MiB/s.
+    """
+    return window if commit_rate is not None else min(window, STARTUP_WINDOW)
+
+
+def build(
+    config: Config,
+    events: Events | None = None,
+    observer: Callable[[str, int], None] | None = None,
+    meter: Meter | None = None,
+) -> Mount:
+    """Assemble a mount's parts; the root of SOURCE is opened here (it must exist).
+
+    *meter*: the mount's one Meter, when the caller already counts into it (the metrics' target
+    observer does); otherwise one is made from the config's profile.
+    """
+    events = events or NullEvents()
+    if meter is None:
+        meter = Meter(profile_for(config))
+    switching = config.credentials == "caller" and can_switch()
+    backend = Backend(
+        config.threads,
+        observer=observer,
+        credentials=ThreadCredentials() if switching else None,
+        kernel_checked=config.permissions == "kernel",
+    )
+    root_fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    inodes = InodeTable(root_fd, os.fstat(root_fd))
+    ledger = Ledger()
+    inodes.keep_path_of = ledger.lost  # named at unmount even if the kernel forgot them
+    target_xattrs = target_has_xattrs(root_fd)
+    # auto: offer xattrs exactly when the target has them (NFSv3 and EFS do not).
+    xattrs = {"on": True, "off": False}.get(config.xattrs, target_xattrs)
+    controller = make_controller(config)
+    enforce = config.mode != "off"
+    flusher_ref: list[Flusher] = []
+
+    def held_by_kernel(nodeid: int) -> bool:
+        inode = inodes.get(nodeid)
+        return inode is not None and inode.lookups > 0 and inode.removed is None
+
+    kernel_pages = KernelPages(enabled=config.drop_synced, known=held_by_kernel)
+    kernel_cache = KernelCache(
+        enabled=config.writeback_cache and enforce,
+        limit=config.kernel_cache,
+        read_ahead=config.read_ahead,
+    )
+
+    def total_window() -> int:
+        return effective_window(controller.window, controller.commit_rate)
+
+    def window() -> int:
+        """The part of the window left for the target once the kernel's cache has its share."""
+        total = total_window()
+        kernel_cache.update(total)
+        return kernel_cache.ledger_window(total)
+
+    gate = WindowGate(
+        ledger,
+        window,
+        enabled=enforce,
+        timeout=config.admission_timeout,
+        on_pressure=lambda: flusher_ref[0].poke() if flusher_ref else None,
+        commit_rate=lambda: controller.commit_rate,
+    )
+    budget = WriteBudget(
+        ledger,
+        gate,
+        batch=config.batch,
+        on_admission_wait=events.admission_wait,
+    )
+    flusher = Flusher(
+        budget,
+        backend,
+        inodes,
+        controller,
+        batch=config.batch,
+        max_age=config.max_age,
+        inject=enforce,
+        on_fsync=events.fsync,
+        window=window,
+        pieces=config.writeback_pieces,
+        drop_synced=config.drop_synced,
+        kernel_pages=kernel_pages,
+    )
+    flusher_ref.append(flusher)
+
+    def busy(inode: Inode) -> bool:
+        """Whether the kernel must keep this inode's name: open, or data still to sync."""
+        state = ledger.file(inode.nodeid)
+        return (
+            inode.open_handles > 0
+            or (state is not None and state.unsynced > 0)
+            or flusher.holds(inode.nodeid)
+        )
+
+    fleet = fleet_from_config(config)
+    ceilings = Ceilings(
+        meter,
+        metered_limit=config.metered_limit,
+        ops_limit=config.ops_limit,
+        throttle_reads=config.throttle_reads,
+        fleet=fleet,
+    )
+    ops = Operations(
+        backend=backend,
+        inodes=inodes,
+        budget=budget,
+        flusher=flusher,
+        attr_timeout=config.attr_timeout,
+        target_decides=config.permissions == "target",
+        writeback_cache=config.writeback_cache,
+        events=events,
+        ceilings=ceilings if ceilings.active else None,
+        offer_xattrs=xattrs,
+        target_xattrs=target_xattrs,
+        callers=Callers(switching),
+        # The target does the set-ID and capability removal itself only when it sees the
+        # writer: calls made as the caller, or a mount nobody but the daemon's user writes to.
+        killpriv_v2=KillprivV2() if switching or not config.allow_other else None,
+    )
+    return Mount(
+        config,
+        backend,
+        inodes,
+        ledger,
+        gate,
+        flusher,
+        ops,
+        controller,
+        events,
+        ceilings,
+        meter,
+        kernel_cache,
+        total_window,
+        kernel_pages,
+        KernelEntries(inodes, bounds_for(fd_limit()), busy),
+        fleet=fleet,
+    )
+
+
+def fuse_options(config: Config) -> set[str]:
+    options = {
+        f"fsname={config.fsname or config.source}",
+        "subtype=fusethrottle",
+    }
+    if config.permissions == "kernel":
+        options.add("default_permissions")
+    if config.allow_other:
+        options.add("allow_other")
+    if config.read_only:
+        options.add("ro")
+    options.update(config.kernel_options)
+    return options
+
+
+def fd_limit() -> int:
+    """The descriptors this process may hold (after :func:`raise_fd_limit`)."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def raise_fd_limit() -> None:
+    """Each inode the kernel remembers holds one O_PATH descriptor: allow many."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if os.geteuid() == 0:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                target = max(hard, int(f.read()))
+        except OSError:
+            pass
+    for limit in (target, hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, max(limit, hard)))
+            return
+        except (ValueError, OSError):
+            continue
