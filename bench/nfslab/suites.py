@@ -11,7 +11,10 @@ from dataclasses import dataclass
 
 from bench.nfslab.vm import Command
 
-PYTEST = [".venv/bin/python", "-m", "pytest", "-p", "no:cacheprovider", "-q", "-ra"]
+PYTEST = [
+    ".venv/bin/python", "-m", "pytest", "-p", "no:cacheprovider", "-q", "-ra",
+    "-o", "junit_logging=system-out",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
