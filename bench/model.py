@@ -25,7 +25,7 @@ The model, and how it mirrors the real daemon:
   ``on_sample(now, nbytes, seconds, in_flight)`` after every fsync, where ``in_flight`` is the
   un-synced bytes left once the synced ones are gone (as ``ledger.unsynced`` is).
 - Not modelled, so not claimed from it: the gate's pacing (admission.py), the slow start of a
-  fresh mount (daemon.effective_window), writeback in pieces and page-cache drops (pieces.py,
+  fresh mount (budget.effective_window), writeback in pieces and page-cache drops (pieces.py,
   backend.SyncPlan), the kernel's own cache. Those are measured on a real target by
   ``python -m bench``.
 

@@ -1,55 +1,169 @@
-"""The write budget: the one place where bytes enter, leave and move through the window.
+"""The write budget: the one owner of the window, and of every byte that enters and leaves it.
 
-Every change to the un-synced bytes goes through :class:`WriteBudget`, and each change that may
-make room wakes the writers queued at the gate, so no caller has to remember to:
+It holds the ledger (how many bytes are un-synced, per file and in all), the gate (where writes
+wait for room), the window's size and the kernel's share of it, and wakes whoever a change
+concerns: writers queued at the gate when room appears or the window grows, the flusher when a
+file reaches its sync trigger or writers queue up. Handlers and the flusher speak to it in verbs:
 
 ====================  ===================================================  ===============
-call                  what happened                                        wakes writers
+call                  what happened                                        wakes
 ====================  ===================================================  ===============
-``write(...)``        admit (may wait), send to the target, land the bytes  if short/failed
-``discard(id)``       the file's data needs no sync (unlink, truncate)      yes
-``begin_sync(id)``    an fsync starts and takes the file's dirty bytes      no
-``end_sync(...)``     it ended: durable, or dirty again with the error      yes
+``write(...)``        admit (may wait), send to the target, land the bytes  writers if short
+``discard(id)``       the file's data needs no sync (unlink, truncate)      writers
+``begin_sync(id)``    an fsync starts and takes the file's dirty bytes      -
+``end_sync(...)``     it ended: durable, or dirty again with the error      writers
+``sampled(...)``      a sync measured the target: the window may move       writers if it grew
+``sync_failed(...)``  a sync failed: the window may shrink                  -
 ====================  ===================================================  ===============
 
-The ledger (pure bookkeeping) and the gate (waiting) stay separate and unit-tested on their own;
-this class only sequences them. Called from the event loop only: code between awaits is atomic.
+The window is a value, not a computation: it changes only in ``sampled``/``sync_failed`` (once
+per fsync), and the kernel's share follows it in :meth:`keep_kernel_share`, whose sysfs write
+runs in a thread, never on the event loop. The ledger (pure bookkeeping), the gate (waiting) and
+the controller (the window's size) stay separate and unit-tested on their own; this class only
+sequences them. Called from the event loop only: code between awaits is atomic.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import trio
 
-from .admission import WindowGate
+from .admission import GateStatistics, WindowGate
+from .controller import Controller
+from .kernel_cache import KernelCache
 from .ledger import Ledger, SyncTicket, sync_trigger
+
+#: What is admitted until the first fsync has measured the target (see effective_window).
+STARTUP_WINDOW = 16 << 20
+
+
+def effective_window(window: int, commit_rate: float | None) -> int:
+    """Slow start: until one fsync has shown how fast the target commits, admit little.
+
+    Without it the first write burst fills the whole window before anything is known, and the
+    first fsync (which writes back everything dirty in the file, not just one batch) then holds
+    the writer for window / target speed: ten seconds at 256 MiB and 20 MiB/s.
+    """
+    return window if commit_rate is not None else min(window, STARTUP_WINDOW)
+
+
+@dataclass(frozen=True)
+class BudgetStatistics:
+    #: The bound in force on everything un-synced (kernel cache and target), slow start included.
+    window_bytes: int
+    #: What the gate admits to the target: the window less the kernel's share.
+    target_window_bytes: int
+    gate: GateStatistics
 
 
 class WriteBudget:
-    """Admits, lands, gives back, discards and syncs bytes; wakes queued writers."""
+    """Admits, lands, gives back, discards and syncs bytes; sizes the window; wakes."""
 
     def __init__(
         self,
         ledger: Ledger,
-        gate: WindowGate,
+        controller: Controller,
         *,
         batch: int,
+        kernel_cache: KernelCache | None = None,
+        enforce: bool = True,
+        admission_timeout: float = 60.0,
         on_admission_wait: Callable[[float], None] | None = None,
     ) -> None:
         self.ledger = ledger
-        self.gate = gate
+        self.controller = controller
         self.batch = batch
+        self.kernel_cache = kernel_cache
         self.on_admission_wait = on_admission_wait
-        #: Called when a file's dirty bytes reach the sync trigger (the flusher's poke).
-        self.on_batch_ready: Callable[[], None] = lambda: None
+        self._total = effective_window(controller.window, controller.commit_rate)
+        self.gate = WindowGate(
+            ledger,
+            self.window,
+            enabled=enforce,
+            timeout=admission_timeout,
+            on_pressure=self.wake_flusher,
+            commit_rate=lambda: controller.commit_rate,
+        )
+        self._flusher_wakeup = trio.Event()
+        self._share_moved = trio.Event()
+
+    # -- the window ------------------------------------------------------------------------
+
+    def total_window(self) -> int:
+        """The bound on everything un-synced (the kernel's cache and the target), slow start
+        included."""
+        return self._total
+
+    def window(self) -> int:
+        """The part of the window the gate admits to the target: the total less the kernel's
+        share of it."""
+        if self.kernel_cache is None:
+            return self._total
+        return self.kernel_cache.ledger_window(self._total)
+
+    def trigger(self) -> int:
+        """Dirty bytes at which a file is synced: ``batch``, or half the window if smaller."""
+        return sync_trigger(self.batch, self.window())
+
+    def sampled(self, now: float, synced: int, seconds: float) -> None:
+        """A sync of *synced* bytes took *seconds*: let the controller resize the window."""
+        self.controller.on_sample(now, synced, seconds, self.ledger.unsynced, self.window())
+        self._resized()
+
+    def sync_failed(self, now: float, errno: int) -> None:
+        self.controller.on_error(now, errno)
+        self._resized()
+
+    def _resized(self) -> None:
+        total = effective_window(self.controller.window, self.controller.commit_rate)
+        if total == self._total:
+            return
+        grew = total > self._total
+        self._total = total
+        self._share_moved.set()
+        if grew:
+            self.gate.wake()
+
+    async def keep_kernel_share(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep the kernel's share of the window in step with it, until cancelled. The sysfs
+        write runs in a thread: a write to /sys can wait (on the bdi's lock, on a busy
+        kernel), and the event loop answers every request of the mount."""
+        task_status.started()
+        if self.kernel_cache is None:
+            return
+        while True:
+            await self._share_moved.wait()
+            self._share_moved = trio.Event()
+            before = self.window()
+            await trio.to_thread.run_sync(self.kernel_cache.update, self._total)
+            if self.window() > before:
+                self.gate.wake()
+
+    def statistics(self) -> BudgetStatistics:
+        return BudgetStatistics(self._total, self.window(), self.gate.statistics())
+
+    # -- the flusher's wake-up -----------------------------------------------------------------
+
+    def wake_flusher(self) -> None:
+        """Something changed that the flusher acts on (a file reached its trigger, a file
+        closed, writers queued, a sync was abandoned): it looks again."""
+        self._flusher_wakeup.set()
+
+    async def flusher_wakeup(self, deadline: float) -> None:
+        """Wait (until *deadline* at most) for :meth:`wake_flusher`."""
+        with trio.move_on_at(deadline):
+            await self._flusher_wakeup.wait()
+        self._flusher_wakeup = trio.Event()
+
+    # -- bytes -------------------------------------------------------------------------------
 
     @property
     def waiting(self) -> int:
         return self.gate.waiting
-
-    def trigger(self) -> int:
-        return sync_trigger(self.batch, self.gate.window())
 
     async def write(self, nodeid: int, nbytes: int, send: Callable[[], Awaitable[int]]) -> int:
         """Admit *nbytes* for *nodeid*, run *send* (the pwrite), and account for what it wrote."""
@@ -69,7 +183,7 @@ class WriteBudget:
             self.gate.wake()
         state = self.ledger.file(nodeid)
         if state is not None and state.dirty >= self.trigger():
-            self.on_batch_ready()
+            self.wake_flusher()
         return written
 
     def discard(self, nodeid: int) -> None:
@@ -89,4 +203,4 @@ class WriteBudget:
     def abandon_sync(self, ticket: SyncTicket) -> None:
         """Nobody waits for that fsync any more: its bytes are un-synced again, no error."""
         self.ledger.abandon_sync(ticket)
-        self.on_batch_ready()
+        self.wake_flusher()

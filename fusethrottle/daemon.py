@@ -84,6 +84,7 @@ class Daemon:
                 if self.mount.kernel_entries is not None:
                     await nursery.start(self.mount.kernel_entries.run)
                 await nursery.start(self.mount.flusher.run)
+                await nursery.start(self.mount.budget.keep_kernel_share)
                 await nursery.start(self.mount.ops.kills.run)
                 await nursery.start(self.mount.backend.run_closer)
                 if self.mount.fleet is not None:
@@ -140,7 +141,7 @@ class Daemon:
             return
         # Only now: the kernel applies what FUSE_INIT negotiated (read-ahead included) when
         # the first request is answered, which would undo settings made before it.
-        self.mount.kernel_cache.attach(self._mount_id, self.mount.window())
+        self.mount.kernel_cache.attach(self._mount_id, self.mount.budget.total_window())
         log.info(
             "mounted %s on %s (mode=%s, batch=%d, window=%d)",
             self.mount.config.source,

@@ -36,11 +36,10 @@ import trio
 
 from .backend import Backend
 from .budget import WriteBudget
-from .controller import Controller
 from .credentials import Caller
 from .inodes import Inode, InodeTable
 from .kernel_pages import KernelPages
-from .ledger import SyncTicket, sync_trigger
+from .ledger import SyncTicket
 from .loglimit import LogLimiter
 from .target_calls import SyncPlan
 
@@ -89,13 +88,11 @@ class Flusher:
         budget: WriteBudget,
         backend: Backend,
         inodes: InodeTable,
-        controller: Controller,
         *,
         batch: int,
         max_age: float,
         inject: bool = True,
         on_fsync: FsyncObserver | None = None,
-        window: Callable[[], int] | None = None,
         pieces: bool = True,
         drop_synced: bool = True,
         kernel_pages: KernelPages | None = None,
@@ -104,16 +101,13 @@ class Flusher:
         self.ledger = budget.ledger
         self.backend = backend
         self.inodes = inodes
-        self.controller = controller
         self.batch = batch
         self.max_age = max_age
         self.inject = inject
         self.on_fsync = on_fsync
-        self.window = window or (lambda: self.controller.window)
         self.pieces = pieces
         self.drop_synced = drop_synced
         self.kernel_pages = kernel_pages if drop_synced else None
-        self._wakeup = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._syncing: set[int] = set()
         #: Node ids someone waits for the sync of (see let_go), with the event _done sets.
@@ -126,15 +120,10 @@ class Flusher:
         self._error_log = LogLimiter(60.0)  # one line per file a minute
         self._group: list[int] = []  # released small files waiting for the next group sync
         self._group_running = False
-        budget.on_batch_ready = self.poke
-
-    def trigger(self) -> int:
-        """Dirty bytes at which a file is synced: ``batch``, or half the window if smaller."""
-        return sync_trigger(self.batch, self.window())
 
     def poke(self) -> None:
         """Something changed (a write landed, a file closed, writers queued): look again."""
-        self._wakeup.set()
+        self.budget.wake_flusher()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled; in-flight fsyncs are children of this task."""
@@ -147,18 +136,16 @@ class Flusher:
                 deadline = (
                     self.ledger.next_deadline(self.max_age, self._syncing) if self.inject else None
                 )
-                with trio.move_on_at(deadline if deadline is not None else math.inf):
-                    await self._wakeup.wait()
-                self._wakeup = trio.Event()
+                await self.budget.flusher_wakeup(deadline if deadline is not None else math.inf)
 
     def _start_due(self, now: float) -> None:
         due = self.ledger.due(
             now,
             batch=self.batch,
-            window=self.window(),
+            window=self.budget.window(),
             max_age=self.max_age,
             # Writers queued or paced: keep the target busy with the largest dirty file.
-            pressure=self.budget.waiting > 0 or self.ledger.unsynced * 2 >= self.window(),
+            pressure=self.budget.waiting > 0 or self.ledger.unsynced * 2 >= self.budget.window(),
         )
         for nodeid, reason in due:
             self.start(nodeid, reason)
@@ -188,7 +175,8 @@ class Flusher:
     def plan(self, inode: Inode) -> SyncPlan:
         """How the next injected sync of *inode* writes back and what it drops (takes the
         range written so far: later writes belong to the next sync)."""
-        piece = writeback_piece(self.controller.commit_rate, self.trigger()) if self.pieces else 0
+        rate = self.budget.controller.commit_rate
+        piece = writeback_piece(rate, self.budget.trigger()) if self.pieces else 0
         return SyncPlan(inode.take_written(), piece, self.drop_synced)
 
     def holds(self, nodeid: int) -> bool:
@@ -299,7 +287,7 @@ class Flusher:
                 synced += ticket.nbytes
             else:
                 self.fsync_errors_total += 1
-                self.controller.on_error(now, error)
+                self.budget.sync_failed(now, error)
                 self._log_error(ticket.nodeid, reason, error, now)
             self._maybe_drop(ticket.nodeid)
         if not results:
@@ -307,7 +295,7 @@ class Flusher:
         self.fsyncs_total += 1
         self.last_fsync_seconds = seconds
         if synced or all(error is None for _, error in results):
-            self.controller.on_sample(now, synced, seconds, self.ledger.unsynced, self.window())
+            self.budget.sampled(now, synced, seconds)
         if self.on_fsync is not None:
             failed = next((error for _, error in results if error is not None), None)
             self.on_fsync(reason, seconds, sum(t.nbytes for t, _ in results), failed)

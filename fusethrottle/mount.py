@@ -11,7 +11,6 @@ import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .admission import WindowGate
 from .backend import Backend
 from .budget import WriteBudget
 from .ceilings import Ceilings
@@ -33,9 +32,6 @@ from .ops import Operations
 from .options import Config
 from .target_calls import target_has_xattrs
 
-#: What is admitted until the first fsync has measured the target (see effective_window).
-STARTUP_WINDOW = 16 << 20
-
 
 @dataclass
 class Mount:
@@ -45,7 +41,8 @@ class Mount:
     backend: Backend
     inodes: InodeTable
     ledger: Ledger
-    gate: WindowGate
+    #: The window's owner: the gate, the window's size, the kernel's share, every wake-up.
+    budget: WriteBudget
     flusher: Flusher
     ops: Operations
     controller: Controller
@@ -54,8 +51,6 @@ class Mount:
     #: The mount's one meter: the ceilings price requests with it, the metrics count into it.
     meter: Meter
     kernel_cache: KernelCache
-    #: The bound in force on everything un-synced (kernel cache + target), slow start included.
-    window: Callable[[], int]
     #: Drops synced ranges from the mount's page cache (attached once mounted).
     kernel_pages: KernelPages
     #: Keeps the inode table within the descriptor limit (attached once mounted).
@@ -64,16 +59,6 @@ class Mount:
     memory_cgroup: OwnMemoryCgroup | None = None
     #: This mount's part of a fleet budget (budget=redis://...), drawn from by the ceilings.
     fleet: FleetShare | None = None
-
-
-def effective_window(window: int, commit_rate: float | None) -> int:
-    """Slow start: until one fsync has shown how fast the target commits, admit little.
-
-    Without it the first write burst fills the whole window before anything is known, and the
-    first fsync (which writes back everything dirty in the file, not just one batch) then holds
-    the writer for window / target speed: ten seconds at 256 MiB and 20 MiB/s.
-    """
-    return window if commit_rate is not None else min(window, STARTUP_WINDOW)
 
 
 def build(
@@ -106,7 +91,6 @@ def build(
     xattrs = {"on": True, "off": False}.get(config.xattrs, target_xattrs)
     controller = make_controller(config)
     enforce = config.mode != "off"
-    flusher_ref: list[Flusher] = []
 
     def held_by_kernel(nodeid: int) -> bool:
         inode = inodes.get(nodeid)
@@ -119,44 +103,27 @@ def build(
         read_ahead=config.read_ahead,
     )
 
-    def total_window() -> int:
-        return effective_window(controller.window, controller.commit_rate)
-
-    def window() -> int:
-        """The part of the window left for the target once the kernel's cache has its share."""
-        total = total_window()
-        kernel_cache.update(total)
-        return kernel_cache.ledger_window(total)
-
-    gate = WindowGate(
-        ledger,
-        window,
-        enabled=enforce,
-        timeout=config.admission_timeout,
-        on_pressure=lambda: flusher_ref[0].poke() if flusher_ref else None,
-        commit_rate=lambda: controller.commit_rate,
-    )
     budget = WriteBudget(
         ledger,
-        gate,
+        controller,
         batch=config.batch,
+        kernel_cache=kernel_cache,
+        enforce=enforce,
+        admission_timeout=config.admission_timeout,
         on_admission_wait=events.admission_wait,
     )
     flusher = Flusher(
         budget,
         backend,
         inodes,
-        controller,
         batch=config.batch,
         max_age=config.max_age,
         inject=enforce,
         on_fsync=events.fsync,
-        window=window,
         pieces=config.writeback_pieces,
         drop_synced=config.drop_synced,
         kernel_pages=kernel_pages,
     )
-    flusher_ref.append(flusher)
 
     def busy(inode: Inode) -> bool:
         """Whether the kernel must keep this inode's name: open, or data still to sync."""
@@ -197,7 +164,7 @@ def build(
         backend,
         inodes,
         ledger,
-        gate,
+        budget,
         flusher,
         ops,
         controller,
@@ -205,7 +172,6 @@ def build(
         ceilings,
         meter,
         kernel_cache,
-        total_window,
         kernel_pages,
         KernelEntries(inodes, bounds_for(fd_limit()), busy),
         fleet=fleet,

@@ -77,7 +77,7 @@ async def _publish(m: Metrics) -> dict[str, Any]:
         rec.fsync("batch", seconds, 32 * MiB, None)
     rec.fsync("release", 0.5, MiB, None)
     # One measured fsync ends slow start; a fast one leaves the warming window where it is.
-    m.mount.controller.on_sample(1.0, 64 * MiB, 0.1, 64 * MiB)
+    m.mount.budget.sampled(1.0, 64 * MiB, 0.1)
     rec.admission_wait(0.2)
     rec.target_error("write", 5)
     return m.publish().to_json()

@@ -259,7 +259,8 @@ def take_snapshot(
     """Copy the live state of *mount* and *recorder* (event loop only; *now* is its clock)."""
     config = mount.config
     ledger = mount.ledger.snapshot(now)
-    gate = mount.gate.statistics()
+    budget = mount.budget.statistics()
+    gate = budget.gate
     flusher = mount.flusher.statistics()
     ceiling = mount.ceilings.statistics()
     meter = meter_totals(mount.meter)
@@ -283,7 +284,7 @@ def take_snapshot(
         dirty_files=ledger.dirty_files,
         oldest_unsynced_age_seconds=ledger.oldest_age,
         # The bound in force (slow start included), not just what the controller decided.
-        window_bytes=int(mount.window()),
+        window_bytes=budget.window_bytes,
         kernel_cache_bytes=mount.kernel_cache.statistics().limit_bytes,
         written_bytes=rec.written_bytes,
         read_bytes=rec.read_bytes,
