@@ -31,6 +31,7 @@ from fusethrottle.mount import Mount, build
 from fusethrottle.options import Config
 
 ROOT = pyfuse3.ROOT_INODE
+MiB = 1 << 20
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="creating files for other users needs root")
 
@@ -916,3 +917,40 @@ def test_auto_offers_xattrs_when_the_target_has_them(
         assert await fs.ops.getxattr(nodeid, b"user.colour", ctx()) == b"red"
 
     run(body, xattrs="auto")
+
+
+# --- the write path's waits ------------------------------------------------------------------
+def test_writes_of_one_file_queue_at_the_gate_not_behind_each_other(
+    run: Callable[..., None],
+) -> None:
+    """The kernel's write-back sends several writes of one file at once. They go to the target
+    one at a time, but each waits for room at the gate on its own: every one of them counts as
+    waiting (the flusher reads that as pressure), and none waits for another's admission, so
+    the k-th write waits at most one admission_timeout, not k of them."""
+
+    async def body(fs: Fs) -> None:
+        syncs_may_end = trio.Event()
+        fsync_path = fs.mount.backend.fsync_path
+
+        async def held_fsync(*args: Any, **kwargs: Any) -> None:
+            await syncs_may_end.wait()  # the target commits nothing until the test says so
+            await fsync_path(*args, **kwargs)
+
+        fs.mount.backend.fsync_path = held_fsync  # type: ignore[method-assign]
+        fh, _ = await fs.create(ROOT, b"big")
+        chunk = b"x" * MiB
+        async with trio.open_nursery() as nursery:
+            await fs.ops.write(fh, 0, chunk)  # fills the 16 MiB window's target part
+            for i in range(1, 16):
+                await fs.ops.write(fh, i * MiB, chunk)
+            for i in range(16, 20):
+                nursery.start_soon(fs.ops.write, fh, i * MiB, chunk)
+            with trio.fail_after(20):
+                while fs.mount.budget.waiting < 4:
+                    await trio.sleep(0.05)
+            assert fs.mount.budget.waiting == 4
+            syncs_may_end.set()
+        assert os.fstat(fs.ops.files[fh].fd).st_size == 20 * MiB
+        await fs.ops.release(fh)
+
+    run(body, mode="static", window=16 * MiB, batch=16 * MiB, admission_timeout=600.0)
