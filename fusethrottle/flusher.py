@@ -183,6 +183,12 @@ class Flusher:
         """Whether an fsync of the file is queued or running (its descriptor must stay open)."""
         return nodeid in self._syncing
 
+    def owes(self, nodeid: int) -> bool:
+        """Whether the file has data not yet durable: un-synced in the window, or a sync of it
+        queued or running (what :meth:`Inode.needed` asks)."""
+        state = self.ledger.file(nodeid)
+        return nodeid in self._syncing or (state is not None and state.unsynced > 0)
+
     async def let_go(self, nodeid: int, timeout: float) -> bool:
         """The file's last name is being removed: drop its queued sync, and wait (at most
         *timeout*) for a running one to end. True if nothing of the flusher holds it now."""
@@ -331,8 +337,7 @@ class Flusher:
     def _maybe_drop(self, nodeid: int) -> None:
         """Close the descriptor of a file the kernel forgot once its data is durable."""
         inode = self.inodes.get(nodeid)
-        state = self.ledger.file(nodeid)
-        if inode is not None and inode.lookups <= 0 and (state is None or state.unsynced == 0):
+        if inode is not None and inode.droppable(self.owes(nodeid)):
             self.inodes.drop(inode)
 
     async def _settle(self) -> None:

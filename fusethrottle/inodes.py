@@ -86,6 +86,16 @@ class Inode:
     shown_size: int | None = None
     shown_mtime_ns: int | None = None
 
+    def needed(self, owes_data: bool) -> bool:
+        """Whether this node must stay: open through the mount, or *owes_data* (the window
+        holds data of it not yet synced, or a sync of it is queued or running)."""
+        return self.open_handles > 0 or owes_data
+
+    def droppable(self, owes_data: bool) -> bool:
+        """The one answer to "may the table close this node's descriptor now": the kernel
+        forgot it and it is not :meth:`needed`."""
+        return self.lookups <= 0 and not self.needed(owes_data)
+
     def show(self, st: os.stat_result) -> None:
         """The kernel was handed these attributes in an entry (it takes the size from those)."""
         self.shown_size = st.st_size

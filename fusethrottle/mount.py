@@ -127,12 +127,7 @@ def build(
 
     def busy(inode: Inode) -> bool:
         """Whether the kernel must keep this inode's name: open, or data still to sync."""
-        state = ledger.file(inode.nodeid)
-        return (
-            inode.open_handles > 0
-            or (state is not None and state.unsynced > 0)
-            or flusher.holds(inode.nodeid)
-        )
+        return inode.needed(flusher.owes(inode.nodeid))
 
     fleet = fleet_from_config(config)
     ceilings = Ceilings(

@@ -426,8 +426,7 @@ class Operations(pyfuse3.Operations):
             inode = self.inodes.forget(nodeid, count)
             if inode is None:
                 continue
-            state = self.ledger.file(nodeid)
-            if (state is None or state.unsynced == 0) and not self.flusher.holds(nodeid):
+            if inode.droppable(self.flusher.owes(nodeid)):
                 self.inodes.drop(inode)
             # else: the flusher drops it once its data is durable (or its fsync has ended).
 

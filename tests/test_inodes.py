@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from fusethrottle._libc import file_handle
-from fusethrottle.inodes import InodeTable
+from fusethrottle.inodes import Inode, InodeTable
 
 
 def _with_ino(st: os.stat_result, ino: int) -> os.stat_result:
@@ -123,3 +123,15 @@ def test_the_number_of_a_file_let_go_of_goes_to_the_next_object_with_a_new_gener
     assert table.forget(new.nodeid, 1) is new
     table.drop(new)
     table.close_all()
+
+
+def test_a_node_is_dropped_only_once_forgotten_closed_and_owing_nothing() -> None:
+    """The one rule the forget handler, the flusher and the descriptor relief all ask."""
+    node = Inode(nodeid=5, path_fd=-1, key=(0, 5), mode=0o100644)
+    node.lookups, node.open_handles = 0, 0
+    assert node.droppable(owes_data=False) and not node.needed(owes_data=False)
+    assert not node.droppable(owes_data=True)  # un-synced data, or a sync queued or running
+    node.open_handles = 1
+    assert not node.droppable(owes_data=False) and node.needed(owes_data=False)
+    node.open_handles, node.lookups = 0, 1
+    assert not node.droppable(owes_data=False)  # the kernel still holds its name
