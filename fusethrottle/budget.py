@@ -14,6 +14,9 @@ call                  what happened                                        wakes
 ``end_sync(...)``     it ended: durable, or dirty again with the error      writers
 ``sampled(...)``      a sync measured the target: the window may move       writers if it grew
 ``sync_failed(...)``  a sync failed: the window may shrink                  -
+``take_error(id)``    the file's pending sync error, handed out once        -
+``lost(id, errno)``   the target failed to store some of the file's data    -
+``released(id)``      the file's last handle closed                         -
 ====================  ===================================================  ===============
 
 The window is a value, not a computation: it changes only in ``sampled``/``sync_failed`` (once
@@ -199,6 +202,22 @@ class WriteBudget:
     ) -> None:
         self.ledger.end_sync(ticket, error, now, reported=reported)
         self.gate.wake()
+
+    def take_error(self, nodeid: int) -> int | None:
+        """The file's pending sync error, handed out once (the kernel's errseq rule)."""
+        return self.ledger.take_error(nodeid)
+
+    def lost(self, nodeid: int, errno: int) -> None:
+        """The target failed to store some of the file's data: name it at unmount."""
+        self.ledger.lost_data(nodeid, errno)
+
+    def released(self, nodeid: int) -> bool:
+        """The file's last handle closed; True if data of it still waits for a sync."""
+        return self.ledger.released(nodeid)
+
+    def retry_now(self, nodeid: int) -> None:
+        """Skip the file's retry backoff (the final syncs at unmount)."""
+        self.ledger.retry_now(nodeid)
 
     def abandon_sync(self, ticket: SyncTicket) -> None:
         """Nobody waits for that fsync any more: its bytes are un-synced again, no error."""

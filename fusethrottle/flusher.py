@@ -356,9 +356,7 @@ class Flusher:
             if not dirty:
                 break
             for nodeid in dirty:
-                state = self.ledger.file(nodeid)
-                if state is not None:
-                    state.retry_after = 0.0
+                self.budget.retry_now(nodeid)
                 self.start(nodeid, reason)
         await self._settle()
         return [n for n, s in self.ledger.files.items() if s.unsynced > 0]

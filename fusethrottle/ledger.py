@@ -154,6 +154,12 @@ class Ledger:
         state.released = True
         return True
 
+    def retry_now(self, nodeid: int) -> None:
+        """Forget the file's retry backoff: its next sync may start at once (at unmount)."""
+        state = self.files.get(nodeid)
+        if state is not None:
+            state.retry_after = 0.0
+
     def lost_data(self, nodeid: int, error: int) -> None:
         """The target failed to store some of the file's data (a write or fsync failed)."""
         if error in LOSS_ERRNOS:

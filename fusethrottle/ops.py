@@ -350,7 +350,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF) from None
 
     def _raise_pending(self, nodeid: int) -> None:
-        error = self.ledger.take_error(nodeid)
+        error = self.budget.take_error(nodeid)
         if error is not None:
             raise pyfuse3.FUSEError(error)
 
@@ -362,7 +362,7 @@ class Operations(pyfuse3.Operations):
         second time. An fdatasync here consumes that record; whatever it reports is the same
         failure, or one after it that this report covers as the kernel's errseq would.
         """
-        error = self.ledger.take_error(handle.inode.nodeid)
+        error = self.budget.take_error(handle.inode.nodeid)
         if error is None:
             return
         with contextlib.suppress(OSError):
@@ -850,7 +850,7 @@ class Operations(pyfuse3.Operations):
             node.capability_to_drop = False
         self.events.bytes_written(written)
         if failed:
-            self.ledger.lost_data(node.nodeid, failed[0].errno or errno.EIO)
+            self.budget.lost(node.nodeid, failed[0].errno or errno.EIO)
             raise failed[0]  # after the written part is accounted for (it needs its fsync)
         return written
 
@@ -905,7 +905,7 @@ class Operations(pyfuse3.Operations):
                 await self.backend.let_go(node.path_fd, closes)
                 return
         self.backend.close_soon(handle.fd, node.nodeid)
-        if self.ledger.released(node.nodeid) and self.flusher.inject:
+        if self.budget.released(node.nodeid) and self.flusher.inject:
             self.flusher.start(node.nodeid, "release")
 
     @_replies
@@ -920,7 +920,7 @@ class Operations(pyfuse3.Operations):
             self.budget.end_sync(ticket, err.errno, trio.current_time(), reported=True)
             # The target reported it on this descriptor: a kept error of an injected sync is
             # the same failure (or an earlier one), and the application hears of it only once.
-            self.ledger.take_error(nodeid)
+            self.budget.take_error(nodeid)
             self.events.fsync("application", trio.current_time() - start, ticket.nbytes, err.errno)
             raise
         except trio.Cancelled:
