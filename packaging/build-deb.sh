@@ -112,7 +112,7 @@ install -D -m 644 "$top/systemd/README.md" "$doc/README.systemd.md"
 for example in backups.mount backups.automount backups.conf; do
     install -D -m 644 "$top/systemd/$example" "$doc/examples/$example"
 done
-for file in README.md docs/DESIGN.md docs/METRICS.md; do
+for file in README.md docs/DESIGN.md docs/experiments.md docs/METRICS.md; do
     [ -f "$top/$file" ] && install -m 644 "$top/$file" "$doc/${file##*/}"
 done
 install -m 644 "$here/debian/copyright" "$doc/copyright"
