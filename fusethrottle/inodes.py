@@ -20,7 +20,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
 import pyfuse3
@@ -143,19 +143,27 @@ def _fd_path(fd: int) -> str | None:
 class InodeTable:
     """Maps node ids to :class:`Inode` and counts the kernel's references to each."""
 
-    def __init__(self, root_fd: int, root_st: os.stat_result) -> None:
+    def __init__(
+        self,
+        root_fd: int,
+        root_st: os.stat_result,
+        *,
+        full_at: int | None = None,
+        keep_path_of: Container[int] = (),
+    ) -> None:
         self._by_id: dict[int, Inode] = {}
         self._by_key: dict[tuple[int, int], Inode] = {}
         self._next_private = _PRIVATE_BASE
         self.root_dev = root_st.st_dev
-        #: (size, callback): called whenever a registration takes the table past that size.
-        self.on_full: tuple[int, Callable[[], None]] | None = None
+        #: A registration that takes the table past this size wakes :meth:`wait_full` at once.
+        self.full_at = full_at
+        self._full = trio.Event()
         #: (parent node id, name) -> the node the kernel learned under that name (last lookup,
         #: create or readdirplus): what an unlink or a rename over the name is about to remove.
         self._names: dict[tuple[int, bytes], Inode] = {}
         #: Node ids whose path must outlive their descriptor (files left incomplete on the
         #: target, named at unmount), and those paths once the descriptor is gone.
-        self.keep_path_of: Container[int] = ()
+        self.keep_path_of = keep_path_of
         self.dropped_paths: dict[int, str] = {}
         root = Inode(ROOT, root_fd, (root_st.st_dev, root_st.st_ino), root_st.st_mode, 1 << 62)
         self._by_id[ROOT] = root
@@ -272,9 +280,15 @@ class InodeTable:
             os.close(old.path_fd)  # the placeholder it was left with
         self._by_id[inode.nodeid] = inode
         self._by_key[key] = inode
-        if self.on_full is not None and len(self._by_id) > self.on_full[0]:
-            self.on_full[1]()
+        if self.full_at is not None and len(self._by_id) > self.full_at:
+            self._full.set()
         return inode
+
+    async def wait_full(self) -> None:
+        """Until a registration takes the table past ``full_at`` (a tree copy registers a
+        thousand inodes a second: the relief must not wait for its next periodic check)."""
+        await self._full.wait()
+        self._full = trio.Event()
 
     # --- names ---------------------------------------------------------------------------
     def name(self, inode: Inode, parent: int, name: bytes) -> None:

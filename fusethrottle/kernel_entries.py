@@ -89,25 +89,19 @@ class KernelEntries:
         self.busy = busy
         self.device_fd: int | None = None
         self._pool = WorkerPool("kernel-entries", 1)
-        self._wakeup = trio.Event()
         self.asked_total = 0
 
     def attach(self, device_fd: int | None) -> None:
         """Start (after the mount exists); without the device nothing is ever sent."""
         self.device_fd = device_fd
 
-    def _full(self) -> None:
-        """Called by the inode table as it grows past ``high``: act now, not at the next check
-        (a tree copy registers a thousand inodes a second)."""
-        self._wakeup.set()
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self.inodes.on_full = (self.bounds.high, self._full)
+        """Relieve the table whenever it grows past ``high`` (the table wakes this at once; the
+        periodic check catches what a wake-up missed)."""
         task_status.started()
         while True:
             with trio.move_on_after(CHECK_INTERVAL):
-                await self._wakeup.wait()
-            self._wakeup = trio.Event()
+                await self.inodes.wait_full()
             if self.device_fd is None or len(self.inodes) <= self.bounds.high:
                 continue
             now = trio.current_time()

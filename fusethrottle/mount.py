@@ -83,9 +83,14 @@ def build(
         kernel_checked=config.permissions == "kernel",
     )
     root_fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    inodes = InodeTable(root_fd, os.fstat(root_fd))
     ledger = Ledger()
-    inodes.keep_path_of = ledger.lost  # named at unmount even if the kernel forgot them
+    bounds = bounds_for(fd_limit())
+    inodes = InodeTable(
+        root_fd,
+        os.fstat(root_fd),
+        full_at=bounds.high,
+        keep_path_of=ledger.lost,  # named at unmount even if the kernel forgot them
+    )
     target_xattrs = target_has_xattrs(root_fd)
     # auto: offer xattrs exactly when the target has them (NFSv3 and EFS do not).
     xattrs = {"on": True, "off": False}.get(config.xattrs, target_xattrs)
@@ -168,7 +173,7 @@ def build(
         meter,
         kernel_cache,
         kernel_pages,
-        KernelEntries(inodes, bounds_for(fd_limit()), busy),
+        KernelEntries(inodes, bounds, busy),
         fleet=fleet,
     )
 

@@ -80,12 +80,13 @@ def test_a_kept_path_outlives_its_descriptor(tmp_path: Path) -> None:
     """Files named at unmount keep their path when the kernel forgets them first (renamed
     since they were looked up: the descriptor knows the new name)."""
     root = os.open(tmp_path, os.O_PATH)
-    table = InodeTable(root, os.fstat(root))
+    incomplete: set[int] = set()  # the ledger's lost files, as the mount passes them
+    table = InodeTable(root, os.fstat(root), keep_path_of=incomplete)
     (tmp_path / "kept").write_bytes(b"x")
     (tmp_path / "other").write_bytes(b"y")
     kept = table.register(*_open(tmp_path / "kept"))
     other = table.register(*_open(tmp_path / "other"))
-    table.keep_path_of = {kept.nodeid}
+    incomplete.add(kept.nodeid)
     os.rename(tmp_path / "kept", tmp_path / "renamed")
     for inode in (kept, other):
         table.forget(inode.nodeid, 1)
