@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench.fleet: run as root (it mounts a tmpfs and three FUSE mounts)", file=sys.stderr)
         return 2
-    from fusethrottle.options import parse_rate
+    from fusethrottle.service.options import parse_rate
 
     limit = parse_rate(args.metered)
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")

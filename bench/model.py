@@ -19,8 +19,8 @@ The model, and how it mirrors the real daemon:
   in service (processor sharing).
 - Each :class:`MountSpec` is one daemon. A writer that always has data (a backup) writes one file
   at ``writer_rate`` while the un-synced bytes are below the window. A flusher, like
-  ``fusethrottle.flusher``, runs one fsync per file at a time, covering all of the file's dirty
-  bytes, started when they reach ``batch``, half the window (``half_window``, on by default as
+  ``fusethrottle.window.flusher``, runs one fsync per file at a time, covering all of the file's
+  dirty bytes, started when they reach ``batch``, half the window (``half_window``, on by default as
   in ``ledger.sync_trigger``) or a full window. A controller gets
   ``on_sample(now, nbytes, seconds, in_flight)`` after every fsync, where ``in_flight`` is the
   un-synced bytes left once the synced ones are gone (as ``ledger.unsynced`` is).
@@ -46,7 +46,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from fusethrottle.controller import Controller
+from fusethrottle.window.controller import Controller
 
 MiB = 1024 * 1024
 _EPS = 1e-9  # seconds
@@ -131,7 +131,7 @@ class MountSpec:
     start: float = 0.0
     name: str = ""
     #: Also start a file's fsync once its dirty bytes reach half the window (double buffering);
-    #: False mirrors fusethrottle.flusher, which waits for ``batch`` or a full window.
+    #: False mirrors fusethrottle.window.flusher, which waits for ``batch`` or a full window.
     half_window: bool = True
 
 

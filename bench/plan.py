@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from fusethrottle import options
+from fusethrottle.service import options
 
 KiB = 1024
 MiB = 1024 * KiB

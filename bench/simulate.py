@@ -35,14 +35,14 @@ from typing import Any
 
 from bench import model as sim
 from bench.results import save_png
-from fusethrottle.controller import (
+from fusethrottle.stats import percentile as nearest_rank
+from fusethrottle.window.controller import (
     DEFAULT_DRAIN_S,
     AdaptiveController,
     Controller,
     ControllerState,
     StaticController,
 )
-from fusethrottle.stats import percentile as nearest_rank
 
 MiB = 1024 * 1024
 BATCH = 64 * MiB

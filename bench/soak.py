@@ -93,8 +93,8 @@ def remove_cycle(index: int, mnt: Path) -> None:
     shutil.rmtree(mnt / f"c{index}-rsync", ignore_errors=True)
 
 
-#: A worker thread idle this long ends (fusethrottle.workers.WorkerPool's default), and a heap
-#: quiet for half a second is trimmed (at most every 10 s: daemon.HEAP_TRIM_INTERVAL); a sample
+#: A worker thread idle this long ends (fusethrottle.target.workers.WorkerPool's default), and a
+#: heap quiet for half a second is trimmed (at most every 10 s: daemon.HEAP_TRIM_INTERVAL); a sample
 #: taken after this much quiet shows what the daemon keeps, not what the last ten seconds of
 #: concurrency happened to start.
 REST_SECONDS = 10.0 + 2.0

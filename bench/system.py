@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from fusethrottle.mountinfo import mounts
+from fusethrottle.service.mountinfo import mounts
 
 log = logging.getLogger(__name__)
 

@@ -44,8 +44,8 @@ init_version=$(sed -n 's/^__version__ *= *["'\'']\([^"'\'']*\)["'\''].*/\1/p' \
 if [ -n "$init_version" ] && [ "$init_version" != "$version" ]; then
     die "fusethrottle/__init__.py says $init_version but pyproject.toml says $version"
 fi
-[ -f "$top/fusethrottle/cli.py" ] ||
-    note "warning: fusethrottle/cli.py does not exist yet; /usr/bin/fusethrottle will not run"
+[ -f "$top/fusethrottle/service/cli.py" ] ||
+    note "warning: fusethrottle/service/cli.py does not exist yet; /usr/bin/fusethrottle will not run"
 
 if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
     SOURCE_DATE_EPOCH=$(git -C "$top" log -1 --format=%ct 2>/dev/null || true)

@@ -156,8 +156,8 @@ contents=$(dpkg-deb -c "$deb" | awk '{print $6}')
 missing=""
 for path in ./usr/bin/fusethrottle \
     ./usr/lib/python3/dist-packages/fusethrottle/__init__.py \
-    ./usr/lib/python3/dist-packages/fusethrottle/cli.py \
-    ./usr/lib/python3/dist-packages/fusethrottle/sdnotify.py \
+    ./usr/lib/python3/dist-packages/fusethrottle/service/cli.py \
+    ./usr/lib/python3/dist-packages/fusethrottle/service/sdnotify.py \
     ./lib/systemd/system/fusethrottle@.service \
     ./usr/libexec/fusethrottle/clear-stale-mount \
     ./usr/share/man/man8/fusethrottle.8.gz \
@@ -217,9 +217,9 @@ import importlib.metadata
 import sys
 
 import fusethrottle
-import fusethrottle.cli
-import fusethrottle.daemon
-import fusethrottle.sdnotify
+import fusethrottle.service.cli
+import fusethrottle.service.daemon
+import fusethrottle.service.sdnotify
 
 where = fusethrottle.__file__
 assert where.startswith("/usr/lib/python3/dist-packages/fusethrottle/"), where

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fusethrottle import mountinfo
+from fusethrottle.service import mountinfo
 
 # FUSETHROTTLE_BIN picks the daemon to test (scripts/test sets it for Debian's system python).
 FUSETHROTTLE = os.environ.get("FUSETHROTTLE_BIN") or str(

@@ -15,11 +15,11 @@ import pytest
 import trio
 import trio.testing
 
-from fusethrottle.admission import WindowGate, pacing_rate
-from fusethrottle.budget import WriteBudget
-from fusethrottle.flusher import Flusher
-from fusethrottle.inodes import InodeTable
-from fusethrottle.ledger import Ledger
+from fusethrottle.adapter.inodes import InodeTable
+from fusethrottle.window.admission import WindowGate, pacing_rate
+from fusethrottle.window.budget import WriteBudget
+from fusethrottle.window.flusher import Flusher
+from fusethrottle.window.ledger import Ledger
 
 MiB = 1 << 20
 

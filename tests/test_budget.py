@@ -11,11 +11,11 @@ import pytest
 import trio
 import trio.testing
 
-from fusethrottle import kernel_cache
-from fusethrottle.budget import STARTUP_WINDOW, WriteBudget
-from fusethrottle.controller import AdaptiveController
-from fusethrottle.kernel_cache import KernelCache, kernel_share
-from fusethrottle.ledger import Ledger
+from fusethrottle.window import kernel_cache
+from fusethrottle.window.budget import STARTUP_WINDOW, WriteBudget
+from fusethrottle.window.controller import AdaptiveController
+from fusethrottle.window.kernel_cache import KernelCache, kernel_share
+from fusethrottle.window.ledger import Ledger
 
 MiB = 1 << 20
 

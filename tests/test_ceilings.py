@@ -10,8 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from fusethrottle.ceilings import BURST_SECONDS, Ceilings
-from fusethrottle.meter import Meter, OpClass, profile
+from fusethrottle.metering.ceilings import BURST_SECONDS, Ceilings
+from fusethrottle.metering.meter import Meter, OpClass, profile
 
 MiB = 1 << 20
 

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusethrottle.controller import (
+from fusethrottle.service.options import parse_options
+from fusethrottle.window.controller import (
     AdaptiveController,
     StaticController,
     _CostMeter,
     make_controller,
 )
-from fusethrottle.options import parse_options
 
 MiB = 1024 * 1024
 

@@ -29,7 +29,7 @@ import pytest
 from conftest import MakeMount
 from mount_util import status_json
 
-from fusethrottle.credentials import (
+from fusethrottle.target.credentials import (
     GROUPS_TTL,
     Caller,
     Callers,

@@ -49,7 +49,7 @@ from hypothesis.stateful import (
 )
 from mount_util import Daemon
 
-from fusethrottle import status_client
+from fusethrottle.observability import status_client
 
 pytestmark = pytest.mark.mount
 

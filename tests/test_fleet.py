@@ -16,9 +16,9 @@ import pytest
 import trio
 import trio.testing
 
-from fusethrottle.fleet import FleetShare
-from fusethrottle.fleet_redis import StoreError
-from fusethrottle.fleet_share import BUCKET_SECONDS, GRANT_CAP_SECONDS, Fallback, Grant
+from fusethrottle.metering.fleet import FleetShare
+from fusethrottle.metering.fleet_redis import StoreError
+from fusethrottle.metering.fleet_share import BUCKET_SECONDS, GRANT_CAP_SECONDS, Fallback, Grant
 
 MiB = 1 << 20
 RATE = 60 * MiB
@@ -194,7 +194,7 @@ def test_redis_down_writes_go_on_at_the_last_share_and_rejoin(
             assert stats.errors_total > 0
             nursery.cancel_scope.cancel()
 
-    with caplog.at_level(logging.INFO, logger="fusethrottle.fleet"):
+    with caplog.at_level(logging.INFO, logger="fusethrottle.metering.fleet"):
         run_mock(main)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 3  # once per mount, not once per try

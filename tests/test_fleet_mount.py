@@ -14,12 +14,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis_util import RedisServer
 
-from fusethrottle import cli, metrics, mount
-from fusethrottle.fleet_command import main as fleet_main
-from fusethrottle.meter import Meter, OpClass, profile_for
-from fusethrottle.metrics import Metrics, Recorder
-from fusethrottle.options import parse_options
-from fusethrottle.status_view import format_status
+from fusethrottle.metering.fleet_command import main as fleet_main
+from fusethrottle.metering.meter import Meter, OpClass, profile_for
+from fusethrottle.observability import metrics
+from fusethrottle.observability.metrics import Metrics, Recorder
+from fusethrottle.observability.status_view import format_status
+from fusethrottle.service import cli, mount
+from fusethrottle.service.options import parse_options
 
 MiB = 1 << 20
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis_util import RedisServer, make_tls_files, require_redis
 
-from fusethrottle.fleet_redis import (
+from fusethrottle.metering.fleet_redis import (
     BUCKET_SECONDS,
     FleetNotSet,
     RedisFleetStore,
@@ -24,7 +24,7 @@ from fusethrottle.fleet_redis import (
     keys,
     read_password,
 )
-from fusethrottle.options import parse_fleet_url
+from fusethrottle.service.options import parse_fleet_url
 
 MiB = 1 << 20
 RATE = 60 * MiB
@@ -315,7 +315,7 @@ def test_mounts_hear_each_other_join_and_leave(redis_server: RedisServer) -> Non
     next lease: b hears a join and then leave, and ends with the whole rate again."""
     import trio
 
-    from fusethrottle.fleet import FleetShare
+    from fusethrottle.metering.fleet import FleetShare
 
     fleet_store(redis_server).set_rates(RATE, 0)  # the budget "fleet"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fusethrottle.fleet_share import (
+from fusethrottle.metering.fleet_share import (
     IDLE_RELEASE,
     LEASE_EXPIRY_FACTOR,
     LEASE_MAX_SECONDS,
@@ -18,7 +18,7 @@ from fusethrottle.fleet_share import (
     LeasePool,
     lease_seconds,
 )
-from fusethrottle.token_bucket import TokenBucket
+from fusethrottle.metering.token_bucket import TokenBucket
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -182,7 +182,7 @@ def test_a_budget_of_bytes_only_never_holds_a_write_for_units() -> None:
 
 def test_a_lease_is_at_most_half_the_shared_bucket() -> None:
     """A lone mount's ask must fit the fleet's bucket, or every grant would come back short."""
-    from fusethrottle.fleet_share import BUCKET_SECONDS
+    from fusethrottle.metering.fleet_share import BUCKET_SECONDS
 
     for fleet in (10 * MiB, 60 * MiB, 600 * MiB):
         lease = fleet * lease_seconds(fleet, 0, fleet, 0)

@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from fusethrottle.fuse_notify import (
+from fusethrottle.adapter.fuse_notify import (
     inval_entry_message,
     inval_inode_message,
     write_notifications,
@@ -49,7 +49,7 @@ def test_a_refused_message_does_not_stop_the_others_and_only_the_unexpected_is_l
     read_end, write_end = os.pipe()  # the read end refuses writes: EBADF for every message
     try:
         messages = [inval_inode_message(5, 0, 0), inval_entry_message(6, b"x")]
-        with caplog.at_level(logging.DEBUG, logger="fusethrottle.fuse_notify"):
+        with caplog.at_level(logging.DEBUG, logger="fusethrottle.adapter.fuse_notify"):
             assert write_notifications(read_end, messages, expected=(errno.EBADF,)) == 0
             assert caplog.records == []
             assert write_notifications(read_end, messages) == 0

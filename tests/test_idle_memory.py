@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import MakeMount
 
-from fusethrottle.daemon import HEAP_TRIM_IDLE, HEAP_TRIM_INTERVAL, heap_trim_due
+from fusethrottle.service.daemon import HEAP_TRIM_IDLE, HEAP_TRIM_INTERVAL, heap_trim_due
 
 MiB = 1 << 20
 

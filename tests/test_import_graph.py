@@ -100,10 +100,12 @@ def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
 
 def test_the_graph_is_read() -> None:
     edges = graph()
-    assert "fusethrottle.fleet_share" in edges["fusethrottle.fleet"]
-    assert "fusethrottle.metrics.snapshot" in edges["fusethrottle.metrics"]
+    assert "fusethrottle.metering.fleet_share" in edges["fusethrottle.metering.fleet"]
+    assert (
+        "fusethrottle.observability.metrics.snapshot" in edges["fusethrottle.observability.metrics"]
+    )
     # A function-level import counts as much as one at the top.
-    assert "fusethrottle.daemon" in edges["fusethrottle.cli"]
+    assert "fusethrottle.service.daemon" in edges["fusethrottle.service.cli"]
 
 
 def test_a_lazy_import_that_closes_a_cycle_is_found() -> None:

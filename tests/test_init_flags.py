@@ -8,7 +8,7 @@ import struct
 
 import pyfuse3  # noqa: F401  (maps the libfuse3 the daemon uses)
 
-from fusethrottle import init_flags
+from fusethrottle.adapter import init_flags
 
 
 def _slot_value() -> int | None:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from fusethrottle._libc import file_handle
-from fusethrottle.inodes import Inode, InodeTable
+from fusethrottle.adapter.inodes import Inode, InodeTable
 
 
 def _with_ino(st: os.stat_result, ino: int) -> os.stat_result:

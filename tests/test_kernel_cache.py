@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fusethrottle import kernel_cache
-from fusethrottle.kernel_cache import MIN_SHARE, RECOVERY_SHARE, KernelCache, kernel_share
+from fusethrottle.window import kernel_cache
+from fusethrottle.window.kernel_cache import MIN_SHARE, RECOVERY_SHARE, KernelCache, kernel_share
 
 MiB = 1 << 20
 

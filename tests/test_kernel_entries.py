@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import MakeMount
 
-from fusethrottle.inodes import ROOT, Inode
-from fusethrottle.kernel_entries import Bounds, bounds_for, pick
+from fusethrottle.adapter.inodes import ROOT, Inode
+from fusethrottle.adapter.kernel_entries import Bounds, bounds_for, pick
 
 
 def test_bounds_leave_room_for_open_files() -> None:

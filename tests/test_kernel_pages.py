@@ -8,7 +8,7 @@ import struct
 
 import trio
 
-from fusethrottle.kernel_pages import PAGE, KernelPages
+from fusethrottle.adapter.kernel_pages import PAGE, KernelPages
 
 MiB = 1 << 20
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from fusethrottle.killable import GRACE, POLL, KillWatch, dying
+from fusethrottle.adapter.killable import GRACE, POLL, KillWatch, dying
 
 ALIVE = "Name:\tcat\nSigQ:\t0/1\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000000\n"
 KILLED = "Name:\tcat\nSigPnd:\t0000000000000100\nShdPnd:\t0000000000000000\n"

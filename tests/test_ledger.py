@@ -7,7 +7,7 @@ import errno
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from fusethrottle.ledger import Ledger
+from fusethrottle.window.ledger import Ledger
 
 FILES = st.integers(min_value=2, max_value=5)
 SIZES = st.integers(min_value=0, max_value=1 << 20)

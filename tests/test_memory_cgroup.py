@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fusethrottle.memory_cgroup import Hierarchy, find_hierarchy, in_memory_target, should_move
-from fusethrottle.mountinfo import MountInfo
+from fusethrottle.service.memory_cgroup import (
+    Hierarchy,
+    find_hierarchy,
+    in_memory_target,
+    should_move,
+)
+from fusethrottle.service.mountinfo import MountInfo
 
 HYBRID_CGROUP = """12:memory:/process_api/7a7f
 11:blkio:/

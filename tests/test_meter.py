@@ -8,14 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fusethrottle.meter import (
-    PROFILES,
-    Charge,
-    Meter,
-    MeterProfile,
-    OpClass,
-    profile,
-)
+from fusethrottle.metering.meter import PROFILES, Charge, Meter, MeterProfile, OpClass, profile
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -26,10 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
 
 import fusethrottle
-from fusethrottle import metrics
-from fusethrottle import mount as mount_parts
-from fusethrottle.meter import Meter, OpClass, profile_for
-from fusethrottle.metrics import (
+from fusethrottle.metering.meter import Meter, OpClass, profile_for
+from fusethrottle.observability import metrics
+from fusethrottle.observability.metrics import (
     DEFS,
     FSYNC_BUCKETS,
     FSYNC_REASONS,
@@ -43,9 +42,10 @@ from fusethrottle.metrics import (
     op_class,
     split_address,
 )
-from fusethrottle.metrics.publisher import PUBLISH_INTERVAL, RATE_SPAN
-from fusethrottle.metrics.snapshot import Rates, recent_fsyncs
-from fusethrottle.options import Config
+from fusethrottle.observability.metrics.publisher import PUBLISH_INTERVAL, RATE_SPAN
+from fusethrottle.observability.metrics.snapshot import Rates, recent_fsyncs
+from fusethrottle.service import mount as mount_parts
+from fusethrottle.service.options import Config
 
 REPO = Path(__file__).resolve().parent.parent
 KiB = 1024
@@ -96,7 +96,7 @@ def test_the_dashboard_plots_only_metrics_that_exist() -> None:
 
 
 def _backend_ops() -> set[str]:
-    source = (REPO / "fusethrottle" / "backend.py").read_text()
+    source = (REPO / "fusethrottle" / "target" / "backend.py").read_text()
     ops = set(re.findall(r'_seen\("(\w+)"', source))
     return ops | {"mkdir", "mknod", "symlink"}  # reported as ``self._seen(kind)``
 

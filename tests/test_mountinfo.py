@@ -1,10 +1,10 @@
-"""fusethrottle.mountinfo: the one /proc/self/mountinfo parser, on text written out here."""
+"""fusethrottle.service.mountinfo: the one /proc/self/mountinfo parser, on text written out here."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fusethrottle.mountinfo import MountInfo, containing_mount, mounts, parse
+from fusethrottle.service.mountinfo import MountInfo, containing_mount, mounts, parse
 
 # Real lines' shapes: optional fields before " - ", escaped spaces, a FUSE mount's super options,
 # and a line cut short (skipped, as the kernel never writes one but a test file might).

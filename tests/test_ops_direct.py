@@ -27,8 +27,8 @@ import pytest
 import trio
 
 from fusethrottle import _libc
-from fusethrottle.mount import Mount, build
-from fusethrottle.options import Config
+from fusethrottle.service.mount import Mount, build
+from fusethrottle.service.options import Config
 
 ROOT = pyfuse3.ROOT_INODE
 MiB = 1 << 20

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fusethrottle.options import (
+from fusethrottle.service.options import (
     FleetAddress,
     GiB,
     MiB,
@@ -155,7 +155,7 @@ def test_mistakes_get_one_clear_line(items: list[str], message: str) -> None:
 
 
 def test_every_metering_number_can_be_overridden() -> None:
-    from fusethrottle.meter import Meter, OpClass, profile_for
+    from fusethrottle.metering.meter import Meter, OpClass, profile_for
 
     config = parse_options(["meter=efs", "meter_data_min=4K", "meter_write_units=3"])
     charge = Meter(profile_for(config)).charge(OpClass.DATA_WRITE, 1)

@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from fusethrottle import sdnotify
+from fusethrottle.service import sdnotify
 
 _ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 

@@ -11,7 +11,7 @@ import pytest
 
 from bench import model as sim
 from bench.model import MiB
-from fusethrottle.controller import DEFAULT_DRAIN_S, AdaptiveController, StaticController
+from fusethrottle.window.controller import DEFAULT_DRAIN_S, AdaptiveController, StaticController
 
 MIN, MAX, DRAIN = 16 * MiB, 2048 * MiB, DEFAULT_DRAIN_S
 SETTLE_SAMPLES = 20  # the bound the claims are held to

@@ -19,14 +19,15 @@ import pytest
 import trio
 from mount_util import FUSETHROTTLE, command_for_other_users, wait_for
 
-from fusethrottle import mount, mountinfo, status, status_server
-from fusethrottle.meter import Meter, profile_for
-from fusethrottle.metrics import Metrics, Recorder
-from fusethrottle.mountinfo import MountInfo
-from fusethrottle.options import Config
-from fusethrottle.status_client import StatusError, _ask, find_mount_of, owner
-from fusethrottle.status_socket import client_dirs, socket_name
-from fusethrottle.status_view import fmt_bytes, fmt_count, fmt_seconds, format_status
+from fusethrottle.metering.meter import Meter, profile_for
+from fusethrottle.observability import status, status_server
+from fusethrottle.observability.metrics import Metrics, Recorder
+from fusethrottle.observability.status_client import StatusError, _ask, find_mount_of, owner
+from fusethrottle.observability.status_socket import client_dirs, socket_name
+from fusethrottle.observability.status_view import fmt_bytes, fmt_count, fmt_seconds, format_status
+from fusethrottle.service import mount, mountinfo
+from fusethrottle.service.mountinfo import MountInfo
+from fusethrottle.service.options import Config
 
 MiB = 1024 * 1024
 

@@ -26,7 +26,7 @@ import pytest
 from full_target import free_bytes, skip_reason, small_target, thin_target
 from mount_util import FUSETHROTTLE, Daemon, start_fusethrottle, wait_for
 
-from fusethrottle.status_client import find_mount_of, query
+from fusethrottle.observability.status_client import find_mount_of, query
 
 MiB = 1 << 20
 pytestmark = [

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fusethrottle.token_bucket import TokenBucket
+from fusethrottle.metering.token_bucket import TokenBucket
 
 KiB = 1024
 MiB = 1024 * KiB

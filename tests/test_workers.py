@@ -8,7 +8,7 @@ import time
 import pytest
 import trio
 
-from fusethrottle.workers import WorkerPool
+from fusethrottle.target.workers import WorkerPool
 
 
 def test_results_and_exceptions_come_back_to_the_caller() -> None:

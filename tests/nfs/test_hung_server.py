@@ -39,7 +39,7 @@ import pytest
 from mount_util import FUSETHROTTLE, Daemon, problems_in_log
 
 from bench.nfslab import profiles
-from fusethrottle.daemon import HANDLER_GRACE
+from fusethrottle.service.daemon import HANDLER_GRACE
 
 from .lab import (
     alive,

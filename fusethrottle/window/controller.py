@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .options import Config
+    from ..service.options import Config
 
 MiB = 1024 * 1024
 _ROUNDING = 1e-3  # relative; see AdaptiveController.on_sample

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..meter import OpClass
+from ...metering.meter import OpClass
 
 FSYNC_REASONS = ("batch", "window", "age", "release", "application", "unmount")
 FSYNC_BUCKETS = (

@@ -15,7 +15,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from .mountinfo import MountInfo, containing_mount, mounts
+from ..service.mountinfo import MountInfo, containing_mount, mounts
 from .status_socket import FSTYPE, client_dirs, socket_name
 
 CLIENT_TIMEOUT = 5.0  # seconds the command waits for an answer

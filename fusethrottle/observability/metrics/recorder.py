@@ -14,7 +14,7 @@ import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-from ..meter import METADATA_CLASS, Meter, op_class
+from ...metering.meter import METADATA_CLASS, Meter, op_class
 from .definitions import ADMISSION_BUCKETS, FSYNC_BUCKETS, FSYNC_REASONS
 
 #: fsync durations kept for the status view's recent p50/p99 (see snapshot.recent_fsyncs).
@@ -76,10 +76,10 @@ class Histogram:
 
 
 class Recorder:
-    """The data path's :class:`~fusethrottle.events.Events` and the backend's target observer.
+    """The data path's :class:`Events` and the backend's target observer.
 
-    *meter* is the mount's own :class:`~fusethrottle.meter.Meter` (the one its ceilings price
-    requests with): every operation sent to the target is recorded in it. Without one (tests of
+    *meter* is the mount's own :class:`Meter` (the one its ceilings price requests with): every
+    operation sent to the target is recorded in it. Without one (tests of
     the counters alone) nothing is metered.
     """
 

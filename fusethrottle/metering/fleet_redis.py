@@ -33,8 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..service.options import FleetAddress
 from .fleet_share import BUCKET_SECONDS, GRANT_CAP_SECONDS, Grant
-from .options import FleetAddress
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _libc
+from .. import _libc
 
 O_PATH = os.O_PATH
 # Flags that make sense when *creating* a path but must not reach a re-open through /proc.

@@ -11,8 +11,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ..service.options import OptionError, parse_fleet_url, parse_rate
 from .fleet_redis import RedisFleetStore, StoreError, read_password
-from .options import OptionError, parse_fleet_url, parse_rate
 
 
 class FleetCommandError(Exception):

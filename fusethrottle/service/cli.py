@@ -18,8 +18,8 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from . import __version__
-from .credentials import can_switch
+from .. import __version__
+from ..target.credentials import can_switch
 from .mountinfo import find_mount
 from .options import Config, OptionError, parse_options, split_options
 
@@ -146,7 +146,7 @@ def _check_fleet(config: Config) -> None:
         raise UsageError(
             "budget= needs the Python redis client: apt install python3-redis"
         ) from None
-    from .fleet_redis import PASSWORD_FILE_ENV, read_password
+    from ..metering.fleet_redis import PASSWORD_FILE_ENV, read_password
 
     named = config.budget_password_file or os.environ.get(PASSWORD_FILE_ENV, "")
     try:
@@ -234,11 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fusethrottle {__version__}")
         return 0
     if args[0] == "status":
-        from .status import main as status_main
+        from ..observability.status import main as status_main
 
         return status_main(args[1:])
     if args[0] == "budget":
-        from .fleet_command import main as fleet_main
+        from ..metering.fleet_command import main as fleet_main
 
         return fleet_main(args[1:])
     try:
@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except RuntimeError as err:  # pyfuse3.init failures, a metrics address we cannot bind
-        from .metrics import MetricsError
+        from ..observability.metrics import MetricsError
 
         if isinstance(err, MetricsError):
             return _fail(str(err))

@@ -26,8 +26,8 @@ from .recorder import Recorder
 from .snapshot import RateHistory, Snapshot, take_snapshot
 
 if TYPE_CHECKING:
-    from ..mount import Mount
-    from ..options import Config
+    from ...service.mount import Mount
+    from ...service.options import Config
 
 log = logging.getLogger(__package__)
 

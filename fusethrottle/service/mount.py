@@ -11,26 +11,26 @@ import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .backend import Backend
-from .budget import WriteBudget
-from .ceilings import Ceilings
-from .controller import Controller, make_controller
-from .credentials import Callers, ThreadCredentials, can_switch
-from .events import Events, NullEvents
-from .fleet import FleetShare
-from .fleet import from_config as fleet_from_config
-from .flusher import Flusher
-from .init_flags import KillprivV2
-from .inodes import Inode, InodeTable
-from .kernel_cache import KernelCache
-from .kernel_entries import KernelEntries, bounds_for
-from .kernel_pages import KernelPages
-from .ledger import Ledger
+from ..adapter.init_flags import KillprivV2
+from ..adapter.inodes import Inode, InodeTable
+from ..adapter.kernel_entries import KernelEntries, bounds_for
+from ..adapter.kernel_pages import KernelPages
+from ..adapter.ops import Operations
+from ..metering.ceilings import Ceilings
+from ..metering.fleet import FleetShare
+from ..metering.fleet import from_config as fleet_from_config
+from ..metering.meter import Meter, profile_for
+from ..observability.events import Events, NullEvents
+from ..target.backend import Backend
+from ..target.credentials import Callers, ThreadCredentials, can_switch
+from ..target.target_calls import target_has_xattrs
+from ..window.budget import WriteBudget
+from ..window.controller import Controller, make_controller
+from ..window.flusher import Flusher
+from ..window.kernel_cache import KernelCache
+from ..window.ledger import Ledger
 from .memory_cgroup import OwnMemoryCgroup
-from .meter import Meter, profile_for
-from .ops import Operations
 from .options import Config
-from .target_calls import target_has_xattrs
 
 
 @dataclass

@@ -29,16 +29,10 @@ from typing import Protocol
 
 import trio
 
+from ..service.options import Config
+from ..trio_compat import ABANDON_KW
 from .fleet_redis import RedisFleetStore, StoreError, read_password
-from .fleet_share import (
-    ACTIVE_HOLD_FACTOR,
-    LEASE_MAX_SECONDS,
-    Fallback,
-    Grant,
-    LeasePool,
-)
-from .options import Config
-from .trio_compat import ABANDON_KW
+from .fleet_share import ACTIVE_HOLD_FACTOR, LEASE_MAX_SECONDS, Fallback, Grant, LeasePool
 
 log = logging.getLogger(__name__)
 

@@ -25,14 +25,15 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from . import _libc, sdnotify
-from .kernel_pages import find_fuse_device_fd
+from .. import _libc
+from ..adapter.kernel_pages import find_fuse_device_fd
+from ..metering.meter import Meter, profile_for
+from ..trio_compat import ABANDON_KW as _ABANDON_KW
+from . import sdnotify
 from .memory_cgroup import OwnMemoryCgroup, in_memory_target
-from .meter import Meter, profile_for
 from .mount import Mount, build, fuse_options, raise_fd_limit
 from .mountinfo import containing_mount, find_mount, mounts
 from .options import Config, memory_cgroup_limit
-from .trio_compat import ABANDON_KW as _ABANDON_KW
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +368,7 @@ def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
     raise_fd_limit()
     _libc.keep_request_buffers_in_the_heap(REQUEST_BUFFER_MAX)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    from .metrics import attach_metrics
+    from ..observability.metrics import attach_metrics
 
     # Before anything touches the target: its page cache is charged to whoever writes it.
     own_cgroup = OwnMemoryCgroup(memory_cgroup_limit(config))

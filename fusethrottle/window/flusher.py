@@ -34,14 +34,14 @@ from dataclasses import dataclass
 
 import trio
 
-from .backend import Backend
+from ..adapter.inodes import Inode, InodeTable
+from ..adapter.kernel_pages import KernelPages
+from ..loglimit import LogLimiter
+from ..target.backend import Backend
+from ..target.credentials import Caller
+from ..target.target_calls import SyncPlan
 from .budget import WriteBudget
-from .credentials import Caller
-from .inodes import Inode, InodeTable
-from .kernel_pages import KernelPages
 from .ledger import SyncTicket
-from .loglimit import LogLimiter
-from .target_calls import SyncPlan
 
 log = logging.getLogger(__name__)
 

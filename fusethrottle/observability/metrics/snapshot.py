@@ -16,16 +16,16 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..controller import Controller
-from ..fleet import FleetStatistics
-from ..meter import ClassTotals, Meter, OpClass
-from ..options import Config
-from ..stats import percentile
+from ...metering.fleet import FleetStatistics
+from ...metering.meter import ClassTotals, Meter, OpClass
+from ...service.options import Config
+from ...stats import percentile
+from ...window.controller import Controller
 from .recorder import HistogramSnapshot, Recorder
 
 if TYPE_CHECKING:
-    from ..memory_cgroup import OwnMemoryCgroup
-    from ..mount import Mount
+    from ...service.memory_cgroup import OwnMemoryCgroup
+    from ...service.mount import Mount
 
 RECENT_FSYNC_SPAN = 300.0  # seconds of fsyncs behind the status view's p50/p99
 MiB = 1024 * 1024

@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 import trio
 
+from ..target.workers import WorkerPool
 from .fuse_notify import inval_inode_message, write_notifications
-from .workers import WorkerPool
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .mountinfo import MountInfo
+from ..service.mountinfo import MountInfo
 from .status_client import CLIENT_TIMEOUT, StatusError, find_mount_of, query
 from .status_view import format_status
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
-from ..meter import Meter
-from ..options import Config
+from ...metering.meter import Meter
+from ...service.options import Config
 from .definitions import DEFS, FSYNC_BUCKETS, FSYNC_REASONS, MetricDef, exported_names
 from .diagnostics import run_diagnostics, task_tree, thread_stacks
 from .exposition import families, make_registry
@@ -35,7 +35,7 @@ from .server import MetricsError, bind_endpoint, serve_endpoint, split_address
 from .snapshot import Snapshot
 
 if TYPE_CHECKING:
-    from ..mount import Mount
+    from ...service.mount import Mount
 
 #: A task for the daemon's nursery, started with ``nursery.start`` (it reports when it is up).
 Task = Callable[..., Any]
@@ -55,7 +55,7 @@ class Attached(NamedTuple):
 def attach_metrics(config: Config, meter: Meter) -> Attached:
     """Build one mount's observability, before anything is mounted.
 
-    *meter* is the mount's one :class:`~fusethrottle.meter.Meter`, the one ``build`` gives the
+    *meter* is the mount's one :class:`Meter`, the one ``build`` gives the
     ceilings: the recorder counts every target operation into it. With
     ``-o metrics=HOST:PORT`` the endpoint is bound here, so a bad address or a port in use fails
     the mount (``MetricsError``, a RuntimeError, one line) before pyfuse3.init.

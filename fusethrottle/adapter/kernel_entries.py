@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import trio
 
+from ..target.workers import WorkerPool
 from .fuse_notify import inval_entry_message, write_notifications
 from .inodes import ROOT, Inode, InodeTable
-from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from .mountinfo import find_mount, mounts
+from ..service.mountinfo import find_mount, mounts
 from .status_socket import FSTYPE, REQUESTS, RUN_DIR, daemon_dir, socket_name
 
 log = logging.getLogger(__name__)

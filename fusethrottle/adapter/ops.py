@@ -26,19 +26,19 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from . import _libc
-from .backend import Backend
-from .budget import WriteBudget
-from .ceilings import Ceilings
-from .credentials import Caller, Callers
-from .events import Events, NullEvents
-from .flusher import Flusher
+from .. import _libc
+from ..loglimit import LogLimiter
+from ..metering.ceilings import Ceilings
+from ..metering.meter import METADATA_CLASS, OpClass
+from ..observability.events import Events, NullEvents
+from ..target.backend import Backend
+from ..target.credentials import Caller, Callers
+from ..target.target_calls import Created, LetGo
+from ..window.budget import WriteBudget
+from ..window.flusher import Flusher
 from .init_flags import KillprivV2
 from .inodes import Inode, InodeTable
 from .killable import KillWatch
-from .loglimit import LogLimiter
-from .meter import METADATA_CLASS, OpClass
-from .target_calls import Created, LetGo
 
 log = logging.getLogger(__name__)
 

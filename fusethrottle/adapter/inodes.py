@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pyfuse3
 import trio
 
-from .credentials import Caller
+from ..target.credentials import Caller
 
 ROOT = pyfuse3.ROOT_INODE
 _PRIVATE_BASE = 1 << 62

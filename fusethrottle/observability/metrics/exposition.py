@@ -23,10 +23,10 @@ from prometheus_client.core import (
     Metric,
 )
 
-from .. import __version__
-from ..fleet import FleetStatistics
-from ..meter import ClassTotals
-from ..options import MODES
+from ... import __version__
+from ...metering.fleet import FleetStatistics
+from ...metering.meter import ClassTotals
+from ...service.options import MODES
 from .definitions import DEFS, OP_CLASSES
 from .publisher import Metrics
 from .recorder import HistogramSnapshot

@@ -12,7 +12,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .meter import PROFILES, profile
+from ..metering.meter import PROFILES, profile
 
 KiB = 1024
 MiB = 1024 * KiB

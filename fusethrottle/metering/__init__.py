@@ -1,0 +1,1 @@
+"""Metering: each operation priced the way EFS bills it, optional ceilings, the fleet budget."""

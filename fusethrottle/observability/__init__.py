@@ -1,0 +1,1 @@
+"""What the daemon shows: Prometheus metrics, `fusethrottle status`, the data-path events."""
