@@ -85,6 +85,28 @@ class Inode:
     # not known, e.g. after our own writes moved the target's mtime).
     shown_size: int | None = None
     shown_mtime_ns: int | None = None
+    # When our last write to it landed on the target (Operations.write_seq). A call that
+    # learns the file's size or mtime from a stat (lookup, create, open, flush, setattr) uses
+    # it only if no write of ours landed while the call ran: a write moves the target past
+    # what the stat saw, and that stale value would make a later open or lookup take our own
+    # write for another writer's change (changed_behind_our_back) and renew the node, which
+    # fails the I/O of anyone who has the old one open (EIO).
+    last_write_seq: int = 0
+    # Writes of ours to it under way: the target may already show them, the kernel's size not.
+    writes_in_flight: int = 0
+    # Opens and hard links of it under way (see busy_opening).
+    opening: int = 0
+
+    def written_since(self, seq: int) -> bool:
+        """Whether a write of ours landed after *seq*, or is under way: a stat taken meanwhile
+        says nothing about changes by others."""
+        return self.writes_in_flight > 0 or self.last_write_seq > seq
+
+    def busy_opening(self) -> bool:
+        """Open through the mount, or an open or link of it under way: a removal of its last
+        name must not let go of its descriptor (the call would reach through a placeholder, or
+        the file would live on under the new link with nothing of it held)."""
+        return self.open_handles > 0 or self.opening > 0
 
     def needed(self, owes_data: bool) -> bool:
         """Whether this node must stay: open through the mount, or *owes_data* (the window

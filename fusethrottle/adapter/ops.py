@@ -232,6 +232,8 @@ class Operations(pyfuse3.Operations):
         self.callers = callers or Callers(switching=False)
         self.closing = False
         self.requests_total = 0  # requests answered or in progress (the daemon's idle check)
+        #: Counts our writes landing on the target (see Inode.last_write_seq).
+        self.write_seq = 0
         # Directory attributes stat'ed right after our own change to the directory, by
         # (st_dev, st_ino), with when they stop being fresh (see getattr).
         # (dev, ino) -> (stat, answers until (trio clock), taken at (time.monotonic))
@@ -275,13 +277,18 @@ class Operations(pyfuse3.Operations):
         *,
         shown: bool = True,
         renew: bool = False,
+        since: int | None = None,
     ) -> pyfuse3.EntryAttributes:
         """Register a found or made object under *name* in *parent*. *shown*: the kernel takes
         its size from this reply (not so for a hard link, which names an inode the kernel may
         hold already); *renew*: a lookup, which may hand the kernel a new generation (see
-        _renew_if_changed)."""
+        _renew_if_changed); *since*: the write_seq when the call that found it began."""
         inode = self.inodes.register(created.path_fd, created.st, created.handle)
         self.inodes.name(inode, parent, name)
+        if since is not None and inode.written_since(since):
+            # A write of ours landed while the call ran: its stat is older than what the
+            # kernel holds; nothing to learn from it.
+            renew = shown = False
         if renew:
             shown = self._renew_if_changed(inode, created.st)
         if shown:
@@ -409,6 +416,7 @@ class Operations(pyfuse3.Operations):
         self._refuse_when_closing()
         parent = self.inodes[parent_inode]
         caller = self.callers.of(ctx)
+        since = self.write_seq
         found = await self.backend.lookup(caller, parent.path_fd, name)
         stale = self.inodes.stale_match(found.st, found.handle)
         if stale is not None:
@@ -419,7 +427,7 @@ class Operations(pyfuse3.Operations):
             found = await self.backend.lookup(caller, parent.path_fd, name, stale.mode)
             if found.handle is not None and found.handle == stale.handle:
                 stale.stale = False  # the same object after all
-        return self._entry(found, parent_inode, name, renew=True)
+        return self._entry(found, parent_inode, name, renew=True, since=since)
 
     async def forget(self, inode_list: Any) -> None:
         for nodeid, count in inode_list:
@@ -483,22 +491,33 @@ class Operations(pyfuse3.Operations):
             # inode, which for a deleted file is right after the unlink (once per file of an
             # rm -rf). Nobody can see a deleted file's times: answer without the target.
             return self._attr(inode, node.removed)
-        st = await self.backend.setattr(
-            self.callers.of(ctx),
-            node.path_fd,
-            handle.fd if handle is not None else None,
-            mode=stat.S_IMODE(attr.st_mode) if fields.update_mode else None,
-            uid=attr.st_uid if fields.update_uid else None,
-            gid=attr.st_gid if fields.update_gid else None,
-            size=size,
-            atime_ns=attr.st_atime_ns if fields.update_atime else None,
-            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
-        )
+        # A change of its own to the file's size or times: others learning from a stat
+        # meanwhile must not (see Inode.last_write_seq).
+        since = self.write_seq
+        node.writes_in_flight += 1
+        try:
+            st = await self.backend.setattr(
+                self.callers.of(ctx),
+                node.path_fd,
+                handle.fd if handle is not None else None,
+                mode=stat.S_IMODE(attr.st_mode) if fields.update_mode else None,
+                uid=attr.st_uid if fields.update_uid else None,
+                gid=attr.st_gid if fields.update_gid else None,
+                size=size,
+                atime_ns=attr.st_atime_ns if fields.update_atime else None,
+                mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+            )
+        finally:
+            node.writes_in_flight -= 1
+            others = node.written_since(since)
+            self.write_seq += 1
+            node.last_write_seq = self.write_seq
         if size == 0:
             self.budget.discard(inode)
         if size is not None:
             node.shown_size = st.st_size  # a truncate's size is one the kernel takes
-        node.shown_mtime_ns = st.st_mtime_ns
+        # The mtime this call read is the file's unless another change of ours came meanwhile.
+        node.shown_mtime_ns = None if others else st.st_mtime_ns
         return self._attr(inode, st)
 
     @_replies
@@ -542,14 +561,14 @@ class Operations(pyfuse3.Operations):
         lets go of them if the name is the file's last link (target_calls.LetGo).
         """
         node = self.inodes.named(parent, name)
-        if node is None or node.open_handles > 0 or node.detaching or stat.S_ISDIR(node.mode):
+        if node is None or node.busy_opening() or node.detaching or stat.S_ISDIR(node.mode):
             return None
         node.detaching = True
         try:
             free = await self.flusher.let_go(node.nodeid, LET_GO_WAIT)
         finally:
             node.detaching = False
-        if not free or node.open_handles > 0 or node.detaching:
+        if not free or node.busy_opening() or node.detaching:
             return None
         node.detaching = True
         return node, LetGo(node.key, node.path_fd, self.backend.take_closes(node.nodeid))
@@ -630,10 +649,18 @@ class Operations(pyfuse3.Operations):
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
         node = self.inodes[inode]
         parent = self.inodes[new_parent_inode]
-        with _let_go_races(node):
-            created = await self.backend.link(
-                self.callers.of(ctx), node.path_fd, parent.path_fd, new_name
-            )
+        if node.detaching or node.detached:
+            raise pyfuse3.FUSEError(errno.ENOENT)  # its last name is going: the unlink won
+        # A removal meanwhile must not let go of the file: it would survive under the new name
+        # with the daemon holding nothing of it (see _let_go).
+        node.opening += 1
+        try:
+            with _let_go_races(node):
+                created = await self.backend.link(
+                    self.callers.of(ctx), node.path_fd, parent.path_fd, new_name
+                )
+        finally:
+            node.opening -= 1
         return self._entry(created, new_parent_inode, new_name, shown=False)
 
     @_replies
@@ -746,13 +773,25 @@ class Operations(pyfuse3.Operations):
         write_only = None
         if wanted & os.O_ACCMODE == os.O_WRONLY and flags & os.O_ACCMODE == os.O_RDWR:
             write_only = (flags & ~os.O_ACCMODE) | os.O_WRONLY
-        with _let_go_races(node):
-            fd, has_capability, fell_back, st = await self.backend.open(
-                caller, node.path_fd, flags, check, write_only
-            )
+        since = self.write_seq
+        if node.detaching or node.detached:
+            # Its last name is being removed (or is gone): the open lost the race, as it would
+            # on the target had the unlink come first.
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        node.opening += 1  # a removal meanwhile must not let go of the file (see _let_go)
+        try:
+            with _let_go_races(node):
+                fd, has_capability, fell_back, st = await self.backend.open(
+                    caller, node.path_fd, flags, check, write_only
+                )
+        finally:
+            node.opening -= 1
         # (O_TRUNC changed it itself: the kernel knows, and takes the new size at this open.)
         changed = (
-            stat.S_ISREG(st.st_mode) and not flags & os.O_TRUNC and node.changed_behind_our_back(st)
+            stat.S_ISREG(st.st_mode)
+            and not flags & os.O_TRUNC
+            and not node.written_since(since)
+            and node.changed_behind_our_back(st)
         )
         if changed and self.enable_writeback_cache and node.open_handles == 0:
             # Close-to-open, as NFS itself: the file changed on the target since the kernel
@@ -782,10 +821,11 @@ class Operations(pyfuse3.Operations):
         parent = self.inodes[parent_inode]
         flags = self._open_flags(flags)
         caller = self.callers.of(ctx)
+        since = self.write_seq
         fd, created = await self.backend.create(
             caller, parent.path_fd, name, flags, mode, self._owner(ctx)
         )
-        attr = self._entry(created, parent_inode, name)
+        attr = self._entry(created, parent_inode, name, since=since)
         node = self.inodes[attr.st_ino]
         # A file this call created carries no capability: no need to ask the target on write.
         node.no_capability_until = trio.current_time() + _CAPABILITY_TTL
@@ -841,7 +881,13 @@ class Operations(pyfuse3.Operations):
             async with lock:
                 return await send()
 
-        written = await self.budget.write(node.nodeid, len(buf), send_in_order)
+        node.writes_in_flight += 1
+        try:
+            written = await self.budget.write(node.nodeid, len(buf), send_in_order)
+        finally:
+            node.writes_in_flight -= 1
+            self.write_seq += 1
+            node.last_write_seq = self.write_seq
         node.note_written(off, written)
         if node.shown_size is not None:
             node.shown_size = max(node.shown_size, off + written)  # the kernel's size grew too
@@ -882,8 +928,9 @@ class Operations(pyfuse3.Operations):
         # writes left (every cached page reached us before this flush), so that a later change
         # by another writer that keeps the size is still told apart (see _renew_if_changed).
         learn = self.enable_writeback_cache and node.shown_mtime_ns is None
+        since = self.write_seq
         st = await self.backend.flush(handle.caller, handle.fd, learn)
-        if st is not None and node.shown_mtime_ns is None:
+        if st is not None and node.shown_mtime_ns is None and not node.written_since(since):
             node.shown_mtime_ns = st.st_mtime_ns
 
     @_replies
