@@ -10,6 +10,7 @@ the tests' own printed comparisons) and ``OUT/PROFILE/observations.jsonl`` (test
 from __future__ import annotations
 
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -43,6 +44,7 @@ def outcomes(xml: Path) -> dict[str, tuple[str, float, str]]:
 
 
 def _cell(text: str, limit: int = 300) -> str:
+    text = re.sub(r"-+ Captured \w+ -+", " ", text)
     text = " ".join(text.split())
     text = text if len(text) <= limit else text[: limit - 3] + "..."
     return text.replace("|", "\\|")
