@@ -20,9 +20,9 @@ other arm of the same run (the VM's CPU is many times slower than a real one). R
 
 Knobs (environment): FTLAB_WIRE_FILES (300), FTLAB_WIRE_DIRS (3), FTLAB_WIRE_SIZE (4096 bytes
 per file), FTLAB_WIRE_STREAM_MIB (64), FTLAB_WIRE_REPEATS (1), FTLAB_WIRE_WORKLOADS and
-FTLAB_WIRE_ARMS (comma lists, default all), FTLAB_WIRE_TRACE=1 (record the kernel's trace of
-system calls, FUSE requests and RPCs of each fusethrottle run, for finding where an RPC comes
-from; slow, use with few files).
+FTLAB_WIRE_ARMS (comma lists, default all: direct, ft, ft-nowb, ft-attr30), FTLAB_WIRE_TRACE=1
+(record the kernel's trace of system calls, FUSE requests and RPCs of each fusethrottle run,
+for finding where an RPC comes from; slow, use with few files).
 """
 
 from __future__ import annotations
@@ -206,6 +206,10 @@ ARMS = (
     Arm("direct", None),
     Arm("ft", ()),
     Arm("ft-nowb", ("writeback_cache=no",)),
+    # The kernel and the daemon revalidate what they cache every attr_timeout (1 s): a GETATTR
+    # per directory in use per second, which the VM's slow creates spread over few files. NFS
+    # itself revalidates directories every acdirmin (30 s): this arm shows what is left then.
+    Arm("ft-attr30", ("attr_timeout=30s",)),
 )
 
 
