@@ -443,9 +443,11 @@ class Operations(pyfuse3.Operations):
 
         Every create or unlink in a directory makes the kernel forget the directory's
         attributes and ask again at the next permission check: a second round trip per file
-        in a tree copy or an rm -rf. The stat taken in the same trip as the change is as fresh
-        as a new one would be, so it answers within ``attr_timeout``, the freshness the user
-        chose for everything else the kernel caches.
+        in a tree copy or an rm -rf. The stat taken in the same trip as the change (from the
+        target client's cache, see target_calls._dir_stats) answers within ``attr_timeout``,
+        the freshness the user chose for everything else the kernel caches: on NFSv4.1 the
+        directory's mtime, ctime and size may show the state before our own latest changes
+        until then.
         """
         self._refuse_when_closing()
         gone = self.inodes.get(inode)

@@ -404,7 +404,7 @@ def _dir_stats(dir_fds: tuple[int, ...]) -> list[os.stat_result]:
     stats = []
     for fd in dict.fromkeys(dir_fds):
         with contextlib.suppress(OSError):
-            stats.append(os.fstat(fd))
+            stats.append(_libc.stat_cached(fd))
     return stats
 
 

@@ -405,6 +405,25 @@ def test_target_refusing_chown_still_creates(
 
 
 # --- namespace ---------------------------------------------------------------------------------
+def test_cached_stat_is_lstat_on_a_local_file_system(backing: Path) -> None:
+    """_libc.stat_cached answers what lstat does wherever the kernel has nothing to fetch."""
+    (backing / "f").write_bytes(b"12345")
+    (backing / "link").symlink_to("f")
+    os.mkfifo(backing / "fifo")
+    fd = os.open(backing, os.O_PATH)
+    try:
+        for name in (b"", b"f", b"link", b"fifo"):
+            got = _libc.stat_cached(fd, name)
+            want = os.stat(name, dir_fd=fd, follow_symlinks=False) if name else os.fstat(fd)
+            assert tuple(got) == tuple(want)
+            for extra in ("st_atime_ns", "st_mtime_ns", "st_ctime_ns", "st_mtime", "st_blocks"):
+                assert getattr(got, extra) == getattr(want, extra)
+        with pytest.raises(FileNotFoundError):
+            _libc.stat_cached(fd, b"missing")
+    finally:
+        os.close(fd)
+
+
 def test_lookup_getattr_and_errno_mapping(run: Callable[..., None], backing: Path) -> None:
     (backing / "dir").mkdir()
     (backing / "dir" / "child").write_text("x")
