@@ -224,25 +224,57 @@ def _owner_for(dir_fd: int, uid: int, gid: int) -> tuple[int, int]:
 def _create_file(
     dir_fd: int, name: bytes, flags: int, mode: int, owner: tuple[int, int] | None
 ) -> tuple[int, Created]:
-    """Create *name* and open it; a name that exists already is never taken over.
+    """Create *name* and open it; a name that exists already is never given to the caller.
 
     The kernel sends CREATE only after its own lookup missed. If the name exists now (another
-    NFS client made it in between), opening it here would skip the kernel's permission check
-    and chown someone else's file to the caller. ESTALE makes the kernel look the name up again
-    and open the existing file the normal way; O_EXCL callers get their EEXIST.
+    NFS client made it in between) and the new file is to be chowned to the caller (*owner*),
+    opening it would skip the kernel's permission check and chown someone else's file: O_EXCL
+    then, and ESTALE makes the kernel look the name up again and open the existing file the
+    normal way; O_EXCL callers get their EEXIST. Otherwise the call runs as the caller (or the
+    caller is the daemon): opening an existing file is what the target does for the caller's
+    own open(O_CREAT), with the target's permission check. O_EXCL is not added there because
+    it costs a round trip on NFS: an exclusive create keeps its verifier in the file's times,
+    which the client then sets with a SETATTR (v3 and v4.1 alike).
     """
     if owner is not None:
         owner = _owner_for(dir_fd, *owner)
+    # Without O_EXCL the name may be one another client made meanwhile: O_NOFOLLOW, as a
+    # symlink is the kernel's to follow (ELOOP -> ESTALE: it looks the name up again), and
+    # O_NONBLOCK, as a FIFO must not hold the thread (ENXIO, or not a regular file: ESTALE).
+    exclusive = os.O_EXCL if owner is not None else os.O_NOFOLLOW | os.O_NONBLOCK
+    stale = (
+        ()
+        if owner is not None
+        else (errno.ENXIO,)
+        if flags & os.O_NOFOLLOW
+        else (
+            errno.ENXIO,
+            errno.ELOOP,
+        )
+    )
     try:
-        fd = os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        try:
+            fd = os.open(name, flags | os.O_CREAT | exclusive | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        except BlockingIOError:  # a lease on it (a local target): wait as the caller's would
+            fd = os.open(
+                name, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd
+            )
     except FileExistsError:
         if flags & os.O_EXCL:
             raise
         raise OSError(errno.ESTALE, os.strerror(errno.ESTALE)) from None
+    except OSError as err:
+        if err.errno not in stale:
+            raise
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE)) from None
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device another client made: the kernel's
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+        if exclusive & os.O_NONBLOCK and not flags & os.O_NONBLOCK:
+            os.set_blocking(fd, True)
         path_fd = os.open(proc_path(fd), O_PATH | os.O_CLOEXEC)
         try:
-            st = os.fstat(fd)
             # A target that refuses chown (e.g. NFS root_squash) keeps what it made, as in _make.
             with contextlib.suppress(PermissionError):
                 st = _own(path_fd, st, owner, mode)

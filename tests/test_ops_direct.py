@@ -324,20 +324,44 @@ def test_create_over_a_name_that_appeared_behind_our_back(
     run: Callable[..., None], backing: Path
 ) -> None:
     """The kernel sends CREATE after its lookup missed; another NFS client may have made the
-    name in between. Opening that file here would skip the kernel's permission check and give
-    it to the caller: the answer must be ESTALE (the kernel then looks up again and opens the
-    existing file with the normal checks), and the file must stay untouched."""
+    name in between. With calls made as the caller, the target's own permission check refuses
+    the caller as it would without the mount; with calls made as the daemon, opening that file
+    would skip the kernel's permission check and give it to the caller: the answer must be
+    ESTALE (the kernel then looks up again and opens the existing file with the normal
+    checks). Either way the file stays untouched."""
     victim = backing / "victim"
     victim.write_bytes(b"root's secret")
     victim.chmod(0o600)
 
-    async def body(fs: Fs) -> None:
+    async def as_caller(fs: Fs) -> None:
+        await fails(errno.EACCES, fs.create(ROOT, b"victim", 0o666, os.O_WRONLY, ctx(65534)))
+
+    async def as_daemon(fs: Fs) -> None:
         await fails(errno.ESTALE, fs.create(ROOT, b"victim", 0o666, os.O_WRONLY, ctx(65534)))
 
-    run(body)
+    run(as_caller)
+    run(as_daemon, credentials="daemon")
     st = victim.stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600)
     assert victim.read_bytes() == b"root's secret"
+
+
+def test_create_over_a_symlink_or_fifo_that_appeared_is_the_kernels(
+    run: Callable[..., None], backing: Path, tmp_path: Path
+) -> None:
+    """Without O_EXCL a create must not follow a symlink another client made (the kernel
+    follows it, relative to the mount, after ESTALE) nor open a FIFO as a file."""
+    outside = tmp_path / "outside"
+    (backing / "link").symlink_to(outside)
+    os.mkfifo(backing / "fifo")
+
+    async def body(fs: Fs) -> None:
+        await fails(errno.ESTALE, fs.create(ROOT, b"link", 0o644, os.O_WRONLY, ctx()))
+        await fails(errno.ELOOP, fs.create(ROOT, b"link", 0o644, os.O_WRONLY | os.O_NOFOLLOW, ctx()))
+        await fails(errno.ESTALE, fs.create(ROOT, b"fifo", 0o644, os.O_WRONLY, ctx()))
+
+    run(body)
+    assert not outside.exists()
 
 
 @needs_root
