@@ -85,6 +85,9 @@ class Inode:
     # not known, e.g. after our own writes moved the target's mtime).
     shown_size: int | None = None
     shown_mtime_ns: int | None = None
+    # An mtime the kernel keeps of its own (its writeback cache stamps writes) that was not
+    # set on the target, whose own write time stands for it (see Operations.setattr).
+    kernel_mtime_ns: int | None = None
 
     def show(self, st: os.stat_result) -> None:
         """The kernel was handed these attributes in an entry (it takes the size from those)."""

@@ -486,6 +486,8 @@ class Operations(pyfuse3.Operations):
             # inode, which for a deleted file is right after the unlink (once per file of an
             # rm -rf). Nobody can see a deleted file's times: answer without the target.
             return self._attr(inode, node.removed)
+        if times_only and self._kernels_own_times(node, attr, fields, handle is not None):
+            return self._attr(inode, await self.backend.stat_cached(None, node.path_fd))
         st = await self.backend.setattr(
             self.callers.of(ctx),
             node.path_fd,
@@ -502,7 +504,36 @@ class Operations(pyfuse3.Operations):
         if size is not None:
             node.shown_size = st.st_size  # a truncate's size is one the kernel takes
         node.shown_mtime_ns = st.st_mtime_ns
+        if fields.update_mtime:
+            node.kernel_mtime_ns = None  # the target has the kernel's mtime now
         return self._attr(inode, st)
+
+    def _kernels_own_times(self, node: Inode, attr: Any, fields: Any, with_handle: bool) -> bool:
+        """Whether a times-only setattr is the writeback cache handing back times the target
+        keeps itself, so that sending it would be a round trip that changes nothing we promise.
+
+        With the writeback cache the kernel stamps a file's mtime and ctime itself when it
+        writes or renames it, and sends them in a SETATTR (mtime and ctime, never atime) on
+        close, fsync, rename, link and unlink: on NFS one GETATTR and one SETATTR per file
+        written, two more per rename over an existing file. The target stamped its own mtime
+        when our writes reached it, as it does for an application writing to NFS directly, and
+        it keeps ctime itself. Such a request is recognised as: no atime, and
+        - no mtime (ctime alone, which no target lets us set); or
+        - a file handle with it: only the kernel's write-back of its cached times carries one
+          (an application's utimes or futimens never does, a truncate changes the size too);
+          its mtime is then the kernel's own, remembered; or
+        - an mtime the target already has (the one the kernel was shown), or the kernel's own
+          one remembered above: the kernel sending the time it holds again with a new ctime.
+        An application setting any other mtime reaches the target as before.
+        """
+        if not self.enable_writeback_cache or fields.update_atime or not stat.S_ISREG(node.mode):
+            return False
+        if not fields.update_mtime:
+            return True
+        if with_handle:
+            node.kernel_mtime_ns = attr.st_mtime_ns
+            return True
+        return attr.st_mtime_ns in (node.shown_mtime_ns, node.kernel_mtime_ns)
 
     @_replies
     async def readlink(self, inode: int, ctx: Any = None) -> bytes:

@@ -595,6 +595,56 @@ def test_setattr_mode_owner_size_times(run: Callable[..., None], backing: Path) 
         assert (lst.st_uid, lst.st_gid) == (4321, 8765)
 
 
+def test_the_kernels_own_times_stay_in_the_kernel(run: Callable[..., None], backing: Path) -> None:
+    """With the writeback cache the kernel stamps mtime and ctime itself and sends them on
+    close, fsync and rename: on NFS a GETATTR and a SETATTR each, for times the target keeps
+    itself. Only times an application sets reach the target."""
+
+    async def body(fs: Fs) -> None:
+        fh, attr = await fs.create(ROOT, b"f")
+        nodeid = attr.st_ino
+        await fs.ops.write(fh, 0, b"data")
+        target_mtime = (backing / "f").stat().st_mtime_ns
+        times = pyfuse3.EntryAttributes()
+        times.st_mtime_ns = target_mtime - 7_000  # the kernel's own stamp of the write
+        setattrs = fs.calls["setattr"]
+        # On close: the kernel's write-back of its times carries the handle.
+        await fs.ops.setattr(nodeid, times, fields(mtime=True, ctime=True), fh, ctx())
+        await fs.ops.release(fh)
+        # On rename: the same mtime again, with a new ctime, without a handle.
+        await fs.ops.setattr(nodeid, times, fields(mtime=True, ctime=True), None, ctx())
+        await fs.ops.setattr(nodeid, times, fields(ctime=True), None, ctx())
+        assert fs.calls["setattr"] == setattrs
+        assert (backing / "f").stat().st_mtime_ns == target_mtime
+        # touch -m -d: an application's mtime reaches the target, even the kernel's old one.
+        for mtime in (1_000_000_000, target_mtime - 7_000):
+            times.st_mtime_ns = mtime
+            await fs.ops.setattr(nodeid, times, fields(mtime=True, ctime=True), None, ctx())
+            assert (backing / "f").stat().st_mtime_ns == mtime
+        times.st_atime_ns = times.st_mtime_ns = 2_000_000_000  # touch, utimes: both times
+        fh = await fs.open(nodeid)
+        await fs.ops.setattr(nodeid, times, fields(atime=True, mtime=True, ctime=True), fh, ctx())
+        await fs.ops.release(fh)
+        assert fs.calls["setattr"] == setattrs + 3
+        assert (backing / "f").stat().st_mtime_ns == 2_000_000_000
+
+    run(body, writeback_cache=True)
+
+
+def test_without_the_writeback_cache_every_time_reaches_the_target(
+    run: Callable[..., None], backing: Path
+) -> None:
+    async def body(fs: Fs) -> None:
+        fh, attr = await fs.create(ROOT, b"f")
+        times = pyfuse3.EntryAttributes()
+        times.st_mtime_ns = 3_000_000_000
+        await fs.ops.setattr(attr.st_ino, times, fields(mtime=True, ctime=True), fh, ctx())
+        await fs.ops.release(fh)
+
+    run(body)
+    assert (backing / "f").stat().st_mtime_ns == 3_000_000_000
+
+
 def test_truncate_to_zero_and_unlink_free_the_window(run: Callable[..., None]) -> None:
     """Data that no longer needs an fsync must leave the un-synced window, or writers stall."""
 
