@@ -929,9 +929,13 @@ class Operations(pyfuse3.Operations):
                 closes = [handle.fd, *self.backend.take_closes(node.nodeid)]
                 await self.backend.let_go(node.path_fd, closes)
                 return
+        if (
+            self.ledger.released(node.nodeid)
+            and self.flusher.inject
+            and self.flusher.start(node.nodeid, "release", handle.fd)
+        ):
+            return  # the release sync goes through the handle's descriptor, then closes it
         self.backend.close_soon(handle.fd, node.nodeid)
-        if self.ledger.released(node.nodeid) and self.flusher.inject:
-            self.flusher.start(node.nodeid, "release")
 
     @_replies
     async def fsync(self, fh: int, datasync: bool) -> None:

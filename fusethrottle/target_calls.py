@@ -500,11 +500,19 @@ def _write_back_in_pieces(fd: int, lo: int, hi: int, piece: int) -> None:
         _libc.write_range_and_wait(fd, previous, min(piece, hi - previous))
 
 
-def _fsync_path(path_fd: int, datasync: bool, plan: SyncPlan | None = None) -> None:
-    try:
-        fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_CLOEXEC)
-    except PermissionError:  # a write-only file and an unprivileged daemon
-        fd = os.open(proc_path(path_fd), os.O_WRONLY | os.O_CLOEXEC)
+def _fsync_path(
+    path_fd: int, datasync: bool, plan: SyncPlan | None = None, fd: int | None = None
+) -> None:
+    """Sync a file through *fd*, an open descriptor of it (a released handle's, which the
+    caller closes: on NFS another open of the file is an OPEN and a CLOSE on the wire, and its
+    close after the handle's a second CLOSE or an OPEN_DOWNGRADE), or else through a
+    descriptor reopened from *path_fd*."""
+    own = fd is None
+    if fd is None:
+        try:
+            fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_CLOEXEC)
+        except PermissionError:  # a write-only file and an unprivileged daemon
+            fd = os.open(proc_path(path_fd), os.O_WRONLY | os.O_CLOEXEC)
     try:
         lo, hi = plan.written if plan and plan.written else (0, 0)
         if plan and plan.piece > 0:
@@ -518,7 +526,8 @@ def _fsync_path(path_fd: int, datasync: bool, plan: SyncPlan | None = None) -> N
             # Whole file when the range is unknown (a released small file).
             os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
     finally:
-        os.close(fd)
+        if own:
+            os.close(fd)
 
 
 def _fsync_dir(path_fd: int, datasync: bool) -> None:

@@ -10,6 +10,7 @@ at WARNING or above unless the test expected it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import logging
 import os
@@ -357,7 +358,9 @@ def test_create_over_a_symlink_or_fifo_that_appeared_is_the_kernels(
 
     async def body(fs: Fs) -> None:
         await fails(errno.ESTALE, fs.create(ROOT, b"link", 0o644, os.O_WRONLY, ctx()))
-        await fails(errno.ELOOP, fs.create(ROOT, b"link", 0o644, os.O_WRONLY | os.O_NOFOLLOW, ctx()))
+        await fails(
+            errno.ELOOP, fs.create(ROOT, b"link", 0o644, os.O_WRONLY | os.O_NOFOLLOW, ctx())
+        )
         await fails(errno.ESTALE, fs.create(ROOT, b"fifo", 0o644, os.O_WRONLY, ctx()))
 
     run(body)
@@ -699,6 +702,62 @@ def test_release_with_unsynced_data_gets_it_synced(run: Callable[..., None]) -> 
         assert fs.calls["fsync"] >= 1
 
     run(body)
+
+
+def test_a_release_sync_goes_through_the_handles_descriptor(
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On NFS a second open of the file for the sync is an OPEN and a CLOSE (or an
+    OPEN_DOWNGRADE) on the wire: the released handle's own descriptor syncs it, then closes."""
+    from fusethrottle import target_calls
+
+    reopened: list[int] = []
+    plain = target_calls.proc_path
+    monkeypatch.setattr(target_calls, "proc_path", lambda fd: reopened.append(fd) or plain(fd))
+
+    async def body(fs: Fs) -> None:
+        for name, size in ((b"small", 4096), (b"large", 3 << 20)):  # a group sync, a single one
+            fh, _ = await fs.create(ROOT, name)
+            await fs.ops.write(fh, 0, b"x" * size)
+            reopened.clear()
+            syncs = fs.calls["fsync"]
+            await fs.ops.release(fh)
+            with trio.fail_after(10):
+                while fs.mount.ledger.unsynced:
+                    await trio.sleep(0.01)
+            assert fs.calls["fsync"] == syncs + 1
+            assert reopened == []
+
+    run(body)
+
+
+def test_an_unlink_right_after_release_takes_back_the_held_descriptor(
+    run: Callable[..., None], backing: Path
+) -> None:
+    """A released small file waits in the group sync with its handle's descriptor; removing
+    its last name before that sync ran must close it first (on NFS an open descriptor turns
+    the removal into a .nfsXXXX silly rename, and the space stays allocated)."""
+
+    def held() -> list[str]:
+        links = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return [link for link in links if link.startswith(str(backing / "gone"))]
+
+    async def body(fs: Fs) -> None:
+        fh, _attr = await fs.create(ROOT, b"gone")
+        await fs.ops.write(fh, 0, b"x" * 4096)
+        await fs.ops.release(fh)  # queued for the group sync (it gathers for 20 ms)
+        await fs.ops.unlink(ROOT, b"gone", ctx())
+        assert held() == []
+        with trio.fail_after(10):
+            while fs.mount.ledger.unsynced:
+                await trio.sleep(0.01)
+        assert held() == []
+
+    run(body)
+    assert os.listdir(backing) == []
 
 
 # --- xattrs -----------------------------------------------------------------------------------
