@@ -519,8 +519,11 @@ def _fsync_path(
             _write_back_in_pieces(fd, lo, hi, plan.piece)
             # What was written past the range while it was written back: also in pieces, or
             # the fdatasync would put all of it under writeback at once. (It is the next
-            # sync's to account for; that one then finds it on the target already.)
-            _write_back_in_pieces(fd, hi, os.fstat(fd).st_size, plan.piece)
+            # sync's to account for; that one then finds it on the target already.) The size
+            # is the one the target's client holds, which counts our writes not yet sent: a
+            # plain fstat on NFS first writes back every dirty page of the file and then asks
+            # the server (a GETATTR), which would defeat the pieces.
+            _write_back_in_pieces(fd, hi, _libc.stat_cached(fd).st_size, plan.piece)
         (os.fdatasync if datasync else os.fsync)(fd)
         if plan and plan.drop:
             # Whole file when the range is unknown (a released small file).
