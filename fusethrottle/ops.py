@@ -419,6 +419,7 @@ class Operations(pyfuse3.Operations):
             found = await self.backend.lookup(caller, parent.path_fd, name, stale.mode)
             if found.handle is not None and found.handle == stale.handle:
                 stale.stale = False  # the same object after all
+        self._dir_seen(found.st)
         return self._entry(found, parent_inode, name, renew=True)
 
     async def forget(self, inode_list: Any) -> None:
@@ -432,6 +433,18 @@ class Operations(pyfuse3.Operations):
             # else: the flusher drops it once its data is durable (or its fsync has ended).
 
     def _dir_changed(self, st: os.stat_result) -> None:
+        """A directory we just changed, as the target's client has it cached: it answers the
+        kernel's next getattr until the window a fresh stat opened ends (see getattr)."""
+        key = (st.st_dev, st.st_ino)
+        window = self._dir_attrs.get(key)
+        if window is not None and window[1] > trio.current_time():
+            self._dir_attrs[key] = (st, window[1], time.monotonic())
+
+    def _dir_seen(self, st: os.stat_result) -> None:
+        """A directory's attributes fresh from the target: they open a window of attr_timeout
+        in which our own changes of it need not ask again."""
+        if self.attr_timeout <= 0 or not stat.S_ISDIR(st.st_mode):
+            return
         now = trio.current_time()
         if len(self._dir_attrs) >= _DIR_ATTRS_MAX:
             self._dir_attrs = {k: v for k, v in self._dir_attrs.items() if v[1] > now}
@@ -443,11 +456,13 @@ class Operations(pyfuse3.Operations):
 
         Every create or unlink in a directory makes the kernel forget the directory's
         attributes and ask again at the next permission check: a second round trip per file
-        in a tree copy or an rm -rf. The stat taken in the same trip as the change (from the
-        target client's cache, see target_calls._dir_stats) answers within ``attr_timeout``,
-        the freshness the user chose for everything else the kernel caches: on NFSv4.1 the
-        directory's mtime, ctime and size may show the state before our own latest changes
-        until then.
+        in a tree copy or an rm -rf. A fresh stat of a directory (here or in a lookup) opens a
+        window of ``attr_timeout``, the freshness the user chose for everything else the
+        kernel caches; within it the stat taken in the same trip as each of our changes (from
+        the target client's cache, see target_calls._dir_stats) answers. On NFSv4.1 that one
+        may show the directory's mtime, ctime and size as of the window's start; the first
+        getattr after the window asks the target again (one GETATTR per directory changed,
+        per attr_timeout).
         """
         self._refuse_when_closing()
         gone = self.inodes.get(inode)
@@ -467,6 +482,7 @@ class Operations(pyfuse3.Operations):
         st = await self.backend.stat(self.callers.of(ctx), node.path_fd)
         if (node.detaching or node.detached) and stat.S_IFMT(st.st_mode) != stat.S_IFMT(node.mode):
             raise pyfuse3.FUSEError(errno.ENOENT)  # let go of while this stat ran
+        self._dir_seen(st)
         return self._attr(inode, st)
 
     @_replies

@@ -451,6 +451,29 @@ def test_cached_stat_is_lstat_on_a_local_file_system(backing: Path) -> None:
         os.close(fd)
 
 
+def test_a_changed_directory_is_asked_for_once_per_attr_timeout(run: Callable[..., None]) -> None:
+    """After each create in a directory the kernel asks for its attributes again: answered
+    from what the change itself left in the target client's cache, within a window that a
+    fresh stat opened, so what the kernel shows is never older than attr_timeout."""
+
+    async def body(fs: Fs) -> None:
+        d = await fs.mkdir(ROOT, b"d")
+        stats = fs.calls["getattr"]
+        await fs.ops.getattr(d, ctx())  # fresh: opens the window
+        for name in (b"a", b"b"):
+            await fs.put(d, name, b"x")
+            assert (await fs.ops.getattr(d, ctx())).st_mtime_ns == os.stat(
+                fs.backing / "d"
+            ).st_mtime_ns
+        assert fs.calls["getattr"] == stats + 1
+        await trio.sleep(0.25)
+        await fs.put(d, b"c", b"x")
+        await fs.ops.getattr(d, ctx())  # the window ended: asked again
+        assert fs.calls["getattr"] == stats + 2
+
+    run(body, attr_timeout=0.2)
+
+
 def test_lookup_getattr_and_errno_mapping(run: Callable[..., None], backing: Path) -> None:
     (backing / "dir").mkdir()
     (backing / "dir" / "child").write_text("x")
