@@ -922,6 +922,11 @@ class Operations(pyfuse3.Operations):
         # Written through the mount since the kernel was shown its mtime: learn the one our
         # writes left (every cached page reached us before this flush), so that a later change
         # by another writer that keeps the size is still told apart (see _renew_if_changed).
+        # From the target client's cache: asking the server would be a GETATTR per file
+        # written (NFSv4.1 marks the mtime stale after a write under a delegation). A stale one
+        # only makes the first lookup or open after it renew the file in the kernel (an open
+        # answers ESTALE once and is retried; the kernel's pages of it are dropped), it does
+        # not hide another writer's change.
         learn = self.enable_writeback_cache and node.shown_mtime_ns is None
         st = await self.backend.flush(handle.caller, handle.fd, learn)
         if st is not None and node.shown_mtime_ns is None:

@@ -461,7 +461,7 @@ def _flush(fd: int, want_stat: bool = False) -> os.stat_result | None:
     # close() of a duplicate is what NFS uses to write back and report errors on close(2),
     # without giving up the descriptor the kernel will release later.
     os.close(os.dup(fd))
-    return os.fstat(fd) if want_stat else None
+    return _libc.stat_cached(fd) if want_stat else None
 
 
 def _close_all(fds: list[int]) -> None:
