@@ -350,8 +350,9 @@ def _setattr(
     atime_ns: int | None,
     mtime_ns: int | None,
 ) -> os.stat_result:
-    st = os.fstat(path_fd)
-    is_link = stat.S_ISLNK(st.st_mode)
+    # Only its type is wanted here, which never changes: a plain fstat on NFS would be a
+    # GETATTR (after writing back the file's dirty pages) before every chmod, chown or utimes.
+    is_link = stat.S_ISLNK(_libc.stat_cached(path_fd).st_mode)
     if mode is not None and not is_link:
         if fd is not None:
             os.fchmod(fd, mode)
