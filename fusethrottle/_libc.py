@@ -72,6 +72,92 @@ def utimens_empty(fd: int, atime_ns: int | None, mtime_ns: int | None) -> None:
     _check(_libc.utimensat(fd, b"", times, AT_EMPTY_PATH))
 
 
+class _StatxTimestamp(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_int64), ("tv_nsec", ctypes.c_uint32), ("_pad", ctypes.c_int32))
+
+
+class _Statx(ctypes.Structure):
+    _fields_ = (
+        ("stx_mask", ctypes.c_uint32),
+        ("stx_blksize", ctypes.c_uint32),
+        ("stx_attributes", ctypes.c_uint64),
+        ("stx_nlink", ctypes.c_uint32),
+        ("stx_uid", ctypes.c_uint32),
+        ("stx_gid", ctypes.c_uint32),
+        ("stx_mode", ctypes.c_uint16),
+        ("_spare0", ctypes.c_uint16),
+        ("stx_ino", ctypes.c_uint64),
+        ("stx_size", ctypes.c_uint64),
+        ("stx_blocks", ctypes.c_uint64),
+        ("stx_attributes_mask", ctypes.c_uint64),
+        ("stx_atime", _StatxTimestamp),
+        ("stx_btime", _StatxTimestamp),
+        ("stx_ctime", _StatxTimestamp),
+        ("stx_mtime", _StatxTimestamp),
+        ("stx_rdev_major", ctypes.c_uint32),
+        ("stx_rdev_minor", ctypes.c_uint32),
+        ("stx_dev_major", ctypes.c_uint32),
+        ("stx_dev_minor", ctypes.c_uint32),
+        ("_spare", ctypes.c_uint64 * 14),
+    )
+
+
+AT_STATX_DONT_SYNC = 0x4000
+STATX_BASIC_STATS = 0x7FF
+_libc.statx.argtypes = (
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_int,
+    ctypes.c_uint,
+    ctypes.POINTER(_Statx),
+)
+
+
+def _ns(ts: _StatxTimestamp) -> int:
+    return ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+
+
+def _seconds(ts: _StatxTimestamp) -> float:
+    return ts.tv_sec + ts.tv_nsec * 1e-9  # as os.stat computes its float times
+
+
+def stat_cached(dir_fd: int, name: bytes = b"") -> os.stat_result:
+    """lstat of *name* in *dir_fd* (of *dir_fd* itself when empty) as the kernel has it cached.
+
+    statx with AT_STATX_DONT_SYNC: a network file system answers from its attribute cache
+    instead of asking the server (NFS: no GETATTR, and no write-back of the file's dirty pages
+    first); a local one answers as stat does. For attributes nobody but this mount changes
+    (a directory's mode and owner, a file's identity) or that only need to be recent.
+    """
+    buf = _Statx()
+    flags = AT_STATX_DONT_SYNC | AT_SYMLINK_NOFOLLOW | (AT_EMPTY_PATH if not name else 0)
+    _check(_libc.statx(dir_fd, name, flags, STATX_BASIC_STATS, ctypes.byref(buf)))
+    atime, mtime, ctime = _ns(buf.stx_atime), _ns(buf.stx_mtime), _ns(buf.stx_ctime)
+    return os.stat_result(
+        (
+            buf.stx_mode,
+            buf.stx_ino,
+            os.makedev(buf.stx_dev_major, buf.stx_dev_minor),
+            buf.stx_nlink,
+            buf.stx_uid,
+            buf.stx_gid,
+            buf.stx_size,
+            atime // 1_000_000_000,
+            mtime // 1_000_000_000,
+            ctime // 1_000_000_000,
+            _seconds(buf.stx_atime),
+            _seconds(buf.stx_mtime),
+            _seconds(buf.stx_ctime),
+            atime,
+            mtime,
+            ctime,
+            buf.stx_blksize,
+            buf.stx_blocks,
+            os.makedev(buf.stx_rdev_major, buf.stx_rdev_minor),
+        )
+    )
+
+
 def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
     """fallocate(2) with its mode flags (os.posix_fallocate has none)."""
     _check(_libc.fallocate(fd, mode, offset, length))

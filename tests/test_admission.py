@@ -59,7 +59,12 @@ class SlowTarget:
         self.plans: list[object] = []  # the SyncPlan of every injected sync
 
     async def fsync_path(
-        self, caller: object, path_fd: int, datasync: bool = False, plan: object = None
+        self,
+        caller: object,
+        path_fd: int,
+        datasync: bool = False,
+        plan: object = None,
+        fd: int | None = None,
     ) -> None:
         self.fsyncs.append(path_fd)
         self.plans.append(plan)
@@ -69,10 +74,13 @@ class SlowTarget:
             raise OSError(self.fail_with, os.strerror(self.fail_with))
 
     async def fsync_paths(
-        self, files: list[tuple[object, int]], datasync: bool = False, plan: object = None
+        self,
+        files: list[tuple[object, int, int | None]],
+        datasync: bool = False,
+        plan: object = None,
     ) -> list[int | None]:
         """A group of released files: one call, one commit of everything being synced."""
-        path_fds = [path_fd for _, path_fd in files]
+        path_fds = [path_fd for _, path_fd, _ in files]
         self.fsyncs.extend(path_fds)
         syncing = sum(s.syncing for s in self.ledger.files.values())
         await trio.sleep(self.latency + syncing / self.rate)

@@ -10,6 +10,7 @@ at WARNING or above unless the test expected it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import logging
 import os
@@ -325,20 +326,46 @@ def test_create_over_a_name_that_appeared_behind_our_back(
     run: Callable[..., None], backing: Path
 ) -> None:
     """The kernel sends CREATE after its lookup missed; another NFS client may have made the
-    name in between. Opening that file here would skip the kernel's permission check and give
-    it to the caller: the answer must be ESTALE (the kernel then looks up again and opens the
-    existing file with the normal checks), and the file must stay untouched."""
+    name in between. With calls made as the caller, the target's own permission check refuses
+    the caller as it would without the mount; with calls made as the daemon, opening that file
+    would skip the kernel's permission check and give it to the caller: the answer must be
+    ESTALE (the kernel then looks up again and opens the existing file with the normal
+    checks). Either way the file stays untouched."""
     victim = backing / "victim"
     victim.write_bytes(b"root's secret")
     victim.chmod(0o600)
 
-    async def body(fs: Fs) -> None:
+    async def as_caller(fs: Fs) -> None:
+        await fails(errno.EACCES, fs.create(ROOT, b"victim", 0o666, os.O_WRONLY, ctx(65534)))
+
+    async def as_daemon(fs: Fs) -> None:
         await fails(errno.ESTALE, fs.create(ROOT, b"victim", 0o666, os.O_WRONLY, ctx(65534)))
 
-    run(body)
+    run(as_caller)
+    run(as_daemon, credentials="daemon")
     st = victim.stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600)
     assert victim.read_bytes() == b"root's secret"
+
+
+def test_create_over_a_symlink_or_fifo_that_appeared_is_the_kernels(
+    run: Callable[..., None], backing: Path, tmp_path: Path
+) -> None:
+    """Without O_EXCL a create must not follow a symlink another client made (the kernel
+    follows it, relative to the mount, after ESTALE) nor open a FIFO as a file."""
+    outside = tmp_path / "outside"
+    (backing / "link").symlink_to(outside)
+    os.mkfifo(backing / "fifo")
+
+    async def body(fs: Fs) -> None:
+        await fails(errno.ESTALE, fs.create(ROOT, b"link", 0o644, os.O_WRONLY, ctx()))
+        await fails(
+            errno.ELOOP, fs.create(ROOT, b"link", 0o644, os.O_WRONLY | os.O_NOFOLLOW, ctx())
+        )
+        await fails(errno.ESTALE, fs.create(ROOT, b"fifo", 0o644, os.O_WRONLY, ctx()))
+
+    run(body)
+    assert not outside.exists()
 
 
 @needs_root
@@ -406,6 +433,48 @@ def test_target_refusing_chown_still_creates(
 
 
 # --- namespace ---------------------------------------------------------------------------------
+def test_cached_stat_is_lstat_on_a_local_file_system(backing: Path) -> None:
+    """_libc.stat_cached answers what lstat does wherever the kernel has nothing to fetch."""
+    (backing / "f").write_bytes(b"12345")
+    (backing / "link").symlink_to("f")
+    os.mkfifo(backing / "fifo")
+    fd = os.open(backing, os.O_PATH)
+    try:
+        for name in (b"", b"f", b"link", b"fifo"):
+            got = _libc.stat_cached(fd, name)
+            want = os.stat(name, dir_fd=fd, follow_symlinks=False) if name else os.fstat(fd)
+            assert tuple(got) == tuple(want)
+            for extra in ("st_atime_ns", "st_mtime_ns", "st_ctime_ns", "st_mtime", "st_blocks"):
+                assert getattr(got, extra) == getattr(want, extra)
+        with pytest.raises(FileNotFoundError):
+            _libc.stat_cached(fd, b"missing")
+    finally:
+        os.close(fd)
+
+
+def test_a_changed_directory_is_asked_for_once_per_attr_timeout(run: Callable[..., None]) -> None:
+    """After each create in a directory the kernel asks for its attributes again: answered
+    from what the change itself left in the target client's cache, within a window that a
+    fresh stat opened, so what the kernel shows is never older than attr_timeout."""
+
+    async def body(fs: Fs) -> None:
+        d = await fs.mkdir(ROOT, b"d")
+        stats = fs.calls["getattr"]
+        await fs.ops.getattr(d, ctx())  # fresh: opens the window
+        for name in (b"a", b"b"):
+            await fs.put(d, name, b"x")
+            assert (await fs.ops.getattr(d, ctx())).st_mtime_ns == os.stat(
+                fs.backing / "d"
+            ).st_mtime_ns
+        assert fs.calls["getattr"] == stats + 1
+        await trio.sleep(0.25)
+        await fs.put(d, b"c", b"x")
+        await fs.ops.getattr(d, ctx())  # the window ended: asked again
+        assert fs.calls["getattr"] == stats + 2
+
+    run(body, attr_timeout=0.2)
+
+
 def test_lookup_getattr_and_errno_mapping(run: Callable[..., None], backing: Path) -> None:
     (backing / "dir").mkdir()
     (backing / "dir" / "child").write_text("x")
@@ -553,6 +622,56 @@ def test_setattr_mode_owner_size_times(run: Callable[..., None], backing: Path) 
         assert (lst.st_uid, lst.st_gid) == (4321, 8765)
 
 
+def test_the_kernels_own_times_stay_in_the_kernel(run: Callable[..., None], backing: Path) -> None:
+    """With the writeback cache the kernel stamps mtime and ctime itself and sends them on
+    close, fsync and rename: on NFS a GETATTR and a SETATTR each, for times the target keeps
+    itself. Only times an application sets reach the target."""
+
+    async def body(fs: Fs) -> None:
+        fh, attr = await fs.create(ROOT, b"f")
+        nodeid = attr.st_ino
+        await fs.ops.write(fh, 0, b"data")
+        target_mtime = (backing / "f").stat().st_mtime_ns
+        times = pyfuse3.EntryAttributes()
+        times.st_mtime_ns = target_mtime - 7_000  # the kernel's own stamp of the write
+        setattrs = fs.calls["setattr"]
+        # On close: the kernel's write-back of its times carries the handle.
+        await fs.ops.setattr(nodeid, times, fields(mtime=True, ctime=True), fh, ctx())
+        await fs.ops.release(fh)
+        # On rename: the same mtime again, with a new ctime, without a handle.
+        await fs.ops.setattr(nodeid, times, fields(mtime=True, ctime=True), None, ctx())
+        await fs.ops.setattr(nodeid, times, fields(ctime=True), None, ctx())
+        assert fs.calls["setattr"] == setattrs
+        assert (backing / "f").stat().st_mtime_ns == target_mtime
+        # touch -m -d: an application's mtime reaches the target, even the kernel's old one.
+        for mtime in (1_000_000_000, target_mtime - 7_000):
+            times.st_mtime_ns = mtime
+            await fs.ops.setattr(nodeid, times, fields(mtime=True, ctime=True), None, ctx())
+            assert (backing / "f").stat().st_mtime_ns == mtime
+        times.st_atime_ns = times.st_mtime_ns = 2_000_000_000  # touch, utimes: both times
+        fh = await fs.open(nodeid)
+        await fs.ops.setattr(nodeid, times, fields(atime=True, mtime=True, ctime=True), fh, ctx())
+        await fs.ops.release(fh)
+        assert fs.calls["setattr"] == setattrs + 3
+        assert (backing / "f").stat().st_mtime_ns == 2_000_000_000
+
+    run(body, writeback_cache=True)
+
+
+def test_without_the_writeback_cache_every_time_reaches_the_target(
+    run: Callable[..., None], backing: Path
+) -> None:
+    async def body(fs: Fs) -> None:
+        fh, attr = await fs.create(ROOT, b"f")
+        times = pyfuse3.EntryAttributes()
+        times.st_mtime_ns = 3_000_000_000
+        await fs.ops.setattr(attr.st_ino, times, fields(mtime=True, ctime=True), fh, ctx())
+        await fs.ops.release(fh)
+
+    run(body)
+    assert (backing / "f").stat().st_mtime_ns == 3_000_000_000
+
+
 def test_truncate_to_zero_and_unlink_free_the_window(run: Callable[..., None]) -> None:
     """Data that no longer needs an fsync must leave the un-synced window, or writers stall."""
 
@@ -607,6 +726,62 @@ def test_release_with_unsynced_data_gets_it_synced(run: Callable[..., None]) -> 
         assert fs.calls["fsync"] >= 1
 
     run(body)
+
+
+def test_a_release_sync_goes_through_the_handles_descriptor(
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On NFS a second open of the file for the sync is an OPEN and a CLOSE (or an
+    OPEN_DOWNGRADE) on the wire: the released handle's own descriptor syncs it, then closes."""
+    from fusethrottle import target_calls
+
+    reopened: list[int] = []
+    plain = target_calls.proc_path
+    monkeypatch.setattr(target_calls, "proc_path", lambda fd: reopened.append(fd) or plain(fd))
+
+    async def body(fs: Fs) -> None:
+        for name, size in ((b"small", 4096), (b"large", 3 << 20)):  # a group sync, a single one
+            fh, _ = await fs.create(ROOT, name)
+            await fs.ops.write(fh, 0, b"x" * size)
+            reopened.clear()
+            syncs = fs.calls["fsync"]
+            await fs.ops.release(fh)
+            with trio.fail_after(10):
+                while fs.mount.ledger.unsynced:
+                    await trio.sleep(0.01)
+            assert fs.calls["fsync"] == syncs + 1
+            assert reopened == []
+
+    run(body)
+
+
+def test_an_unlink_right_after_release_takes_back_the_held_descriptor(
+    run: Callable[..., None], backing: Path
+) -> None:
+    """A released small file waits in the group sync with its handle's descriptor; removing
+    its last name before that sync ran must close it first (on NFS an open descriptor turns
+    the removal into a .nfsXXXX silly rename, and the space stays allocated)."""
+
+    def held() -> list[str]:
+        links = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return [link for link in links if link.startswith(str(backing / "gone"))]
+
+    async def body(fs: Fs) -> None:
+        fh, _attr = await fs.create(ROOT, b"gone")
+        await fs.ops.write(fh, 0, b"x" * 4096)
+        await fs.ops.release(fh)  # queued for the group sync (it gathers for 20 ms)
+        await fs.ops.unlink(ROOT, b"gone", ctx())
+        assert held() == []
+        with trio.fail_after(10):
+            while fs.mount.ledger.unsynced:
+                await trio.sleep(0.01)
+        assert held() == []
+
+    run(body)
+    assert os.listdir(backing) == []
 
 
 # --- xattrs -----------------------------------------------------------------------------------

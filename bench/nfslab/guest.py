@@ -85,7 +85,9 @@ def setup_disk(profile: profiles.Profile) -> str:
         ms = str(int(profile.disk_write_ms))
         table = f"0 {sectors} delay {DISK} 0 0 {DISK} 0 {ms} {DISK} 0 {ms}"
         sh("dmsetup", "create", "exportdisk", "--table", table)
-        device = "/dev/mapper/exportdisk"
+        # No udev in the guest makes /dev/mapper/exportdisk; devtmpfs has its dm-N node.
+        name = sh("dmsetup", "info", "-c", "--noheadings", "-o", "blkdevname", "exportdisk")
+        device = f"/dev/{name.strip()}"
     return device
 
 

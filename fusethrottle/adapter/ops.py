@@ -427,6 +427,7 @@ class Operations(pyfuse3.Operations):
             found = await self.backend.lookup(caller, parent.path_fd, name, stale.mode)
             if found.handle is not None and found.handle == stale.handle:
                 stale.stale = False  # the same object after all
+        self._dir_seen(found.st)
         return self._entry(found, parent_inode, name, renew=True, since=since)
 
     async def forget(self, inode_list: Any) -> None:
@@ -439,6 +440,18 @@ class Operations(pyfuse3.Operations):
             # else: the flusher drops it once its data is durable (or its fsync has ended).
 
     def _dir_changed(self, st: os.stat_result) -> None:
+        """A directory we just changed, as the target's client has it cached: it answers the
+        kernel's next getattr until the window a fresh stat opened ends (see getattr)."""
+        key = (st.st_dev, st.st_ino)
+        window = self._dir_attrs.get(key)
+        if window is not None and window[1] > trio.current_time():
+            self._dir_attrs[key] = (st, window[1], time.monotonic())
+
+    def _dir_seen(self, st: os.stat_result) -> None:
+        """A directory's attributes fresh from the target: they open a window of attr_timeout
+        in which our own changes of it need not ask again."""
+        if self.attr_timeout <= 0 or not stat.S_ISDIR(st.st_mode):
+            return
         now = trio.current_time()
         if len(self._dir_attrs) >= _DIR_ATTRS_MAX:
             self._dir_attrs = {k: v for k, v in self._dir_attrs.items() if v[1] > now}
@@ -450,9 +463,13 @@ class Operations(pyfuse3.Operations):
 
         Every create or unlink in a directory makes the kernel forget the directory's
         attributes and ask again at the next permission check: a second round trip per file
-        in a tree copy or an rm -rf. The stat taken in the same trip as the change is as fresh
-        as a new one would be, so it answers within ``attr_timeout``, the freshness the user
-        chose for everything else the kernel caches.
+        in a tree copy or an rm -rf. A fresh stat of a directory (here or in a lookup) opens a
+        window of ``attr_timeout``, the freshness the user chose for everything else the
+        kernel caches; within it the stat taken in the same trip as each of our changes (from
+        the target client's cache, see target_calls._dir_stats) answers. On NFSv4.1 that one
+        may show the directory's mtime, ctime and size as of the window's start; the first
+        getattr after the window asks the target again (one GETATTR per directory changed,
+        per attr_timeout).
         """
         self._refuse_when_closing()
         gone = self.inodes.get(inode)
@@ -472,6 +489,7 @@ class Operations(pyfuse3.Operations):
         st = await self.backend.stat(self.callers.of(ctx), node.path_fd)
         if (node.detaching or node.detached) and stat.S_IFMT(st.st_mode) != stat.S_IFMT(node.mode):
             raise pyfuse3.FUSEError(errno.ENOENT)  # let go of while this stat ran
+        self._dir_seen(st)
         return self._attr(inode, st)
 
     @_replies
@@ -491,6 +509,8 @@ class Operations(pyfuse3.Operations):
             # inode, which for a deleted file is right after the unlink (once per file of an
             # rm -rf). Nobody can see a deleted file's times: answer without the target.
             return self._attr(inode, node.removed)
+        if times_only and self._kernels_own_times(node, attr, fields, handle is not None):
+            return self._attr(inode, await self.backend.stat_cached(None, node.path_fd))
         # A change of its own to the file's size or times: others learning from a stat
         # meanwhile must not (see Inode.last_write_seq).
         since = self.write_seq
@@ -518,7 +538,36 @@ class Operations(pyfuse3.Operations):
             node.shown_size = st.st_size  # a truncate's size is one the kernel takes
         # The mtime this call read is the file's unless another change of ours came meanwhile.
         node.shown_mtime_ns = None if others else st.st_mtime_ns
+        if fields.update_mtime:
+            node.kernel_mtime_ns = None  # the target has the kernel's mtime now
         return self._attr(inode, st)
+
+    def _kernels_own_times(self, node: Inode, attr: Any, fields: Any, with_handle: bool) -> bool:
+        """Whether a times-only setattr is the writeback cache handing back times the target
+        keeps itself, so that sending it would be a round trip that changes nothing we promise.
+
+        With the writeback cache the kernel stamps a file's mtime and ctime itself when it
+        writes or renames it, and sends them in a SETATTR (mtime and ctime, never atime) on
+        close, fsync, rename, link and unlink: on NFS one GETATTR and one SETATTR per file
+        written, two more per rename over an existing file. The target stamped its own mtime
+        when our writes reached it, as it does for an application writing to NFS directly, and
+        it keeps ctime itself. Such a request is recognised as: no atime, and
+        - no mtime (ctime alone, which no target lets us set); or
+        - a file handle with it: only the kernel's write-back of its cached times carries one
+          (an application's utimes or futimens never does, a truncate changes the size too);
+          its mtime is then the kernel's own, remembered; or
+        - an mtime the target already has (the one the kernel was shown), or the kernel's own
+          one remembered above: the kernel sending the time it holds again with a new ctime.
+        An application setting any other mtime reaches the target as before.
+        """
+        if not self.enable_writeback_cache or fields.update_atime or not stat.S_ISREG(node.mode):
+            return False
+        if not fields.update_mtime:
+            return True
+        if with_handle:
+            node.kernel_mtime_ns = attr.st_mtime_ns
+            return True
+        return attr.st_mtime_ns in (node.shown_mtime_ns, node.kernel_mtime_ns)
 
     @_replies
     async def readlink(self, inode: int, ctx: Any = None) -> bytes:
@@ -927,6 +976,11 @@ class Operations(pyfuse3.Operations):
         # Written through the mount since the kernel was shown its mtime: learn the one our
         # writes left (every cached page reached us before this flush), so that a later change
         # by another writer that keeps the size is still told apart (see _renew_if_changed).
+        # From the target client's cache: asking the server would be a GETATTR per file
+        # written (NFSv4.1 marks the mtime stale after a write under a delegation). A stale one
+        # only makes the first lookup or open after it renew the file in the kernel (an open
+        # answers ESTALE once and is retried; the kernel's pages of it are dropped), it does
+        # not hide another writer's change.
         learn = self.enable_writeback_cache and node.shown_mtime_ns is None
         since = self.write_seq
         st = await self.backend.flush(handle.caller, handle.fd, learn)
@@ -951,9 +1005,13 @@ class Operations(pyfuse3.Operations):
                 closes = [handle.fd, *self.backend.take_closes(node.nodeid)]
                 await self.backend.let_go(node.path_fd, closes)
                 return
+        if (
+            self.budget.released(node.nodeid)
+            and self.flusher.inject
+            and self.flusher.start(node.nodeid, "release", handle.fd)
+        ):
+            return  # the release sync goes through the handle's descriptor, then closes it
         self.backend.close_soon(handle.fd, node.nodeid)
-        if self.budget.released(node.nodeid) and self.flusher.inject:
-            self.flusher.start(node.nodeid, "release")
 
     @_replies
     async def fsync(self, fh: int, datasync: bool) -> None:

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from .. import _libc
 from .credentials import Caller, ThreadCredentials
 from .target_calls import (
     CAPABILITY,
@@ -107,6 +108,12 @@ class Backend:
             return await pool.run(fn, *args, discard=discard)
         return await pool.run(self.credentials.call_as, caller, fn, *args, discard=discard)
 
+    def _call_as(self, caller: Caller | None, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` as *caller*, in the worker thread this runs in."""
+        if self.credentials is None:
+            return fn(*args)
+        return self.credentials.call_as(caller, fn, *args)
+
     async def _change(
         self,
         caller: Caller | None,
@@ -168,6 +175,11 @@ class Backend:
         result = await self._run(self.meta, caller, os.fstat, path_fd)
         self._seen("getattr")
         return result
+
+    async def stat_cached(self, caller: Caller | None, path_fd: int) -> os.stat_result:
+        """The attributes the target's client holds, without asking the server (and without
+        a meter charge: nothing reaches the target)."""
+        return await self._run(self.meta, caller, _libc.stat_cached, path_fd)
 
     async def setattr(
         self,
@@ -455,32 +467,42 @@ class Backend:
         path_fd: int,
         datasync: bool = False,
         plan: SyncPlan | None = None,
+        fd: int | None = None,
     ) -> None:
-        """fsync a file through its path descriptor (it may be released already)."""
-        await self._run(self.sync, caller, _fsync_path, path_fd, datasync, plan)
+        """fsync a file through its path descriptor (it may be released already), or through
+        *fd*, a released handle's descriptor, which this call closes."""
+
+        def run() -> None:
+            try:
+                self._call_as(caller, _fsync_path, path_fd, datasync, plan, fd)
+            finally:
+                if fd is not None:
+                    _close_all([fd])
+
+        await self.sync.run(run)
         self._seen("fsync")
 
     async def fsync_paths(
         self,
-        files: list[tuple[Caller | None, int]],
+        files: list[tuple[Caller | None, int, int | None]],
         datasync: bool = False,
         plan: SyncPlan | None = None,
     ) -> list[int | None]:
-        """fsync several files (each as its caller, by path descriptor) in one thread call;
-        the errno of each (None: synced)."""
-        credentials = self.credentials
+        """fsync several files (each as its caller, by path descriptor or by a released
+        handle's descriptor, which is closed) in one thread call; the errno of each (None:
+        synced)."""
 
         def run() -> list[int | None]:
             errors: list[int | None] = []
-            for caller, path_fd in files:
+            for caller, path_fd, fd in files:
                 try:
-                    if credentials is None:
-                        _fsync_path(path_fd, datasync, plan)
-                    else:
-                        credentials.call_as(caller, _fsync_path, path_fd, datasync, plan)
+                    self._call_as(caller, _fsync_path, path_fd, datasync, plan, fd)
                     errors.append(None)
                 except OSError as err:
                     errors.append(err.errno or errno.EIO)
+                finally:
+                    if fd is not None:
+                        _close_all([fd])
             return errors
 
         result = await self.sync.run(run)

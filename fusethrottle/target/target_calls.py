@@ -224,25 +224,57 @@ def _owner_for(dir_fd: int, uid: int, gid: int) -> tuple[int, int]:
 def _create_file(
     dir_fd: int, name: bytes, flags: int, mode: int, owner: tuple[int, int] | None
 ) -> tuple[int, Created]:
-    """Create *name* and open it; a name that exists already is never taken over.
+    """Create *name* and open it; a name that exists already is never given to the caller.
 
     The kernel sends CREATE only after its own lookup missed. If the name exists now (another
-    NFS client made it in between), opening it here would skip the kernel's permission check
-    and chown someone else's file to the caller. ESTALE makes the kernel look the name up again
-    and open the existing file the normal way; O_EXCL callers get their EEXIST.
+    NFS client made it in between) and the new file is to be chowned to the caller (*owner*),
+    opening it would skip the kernel's permission check and chown someone else's file: O_EXCL
+    then, and ESTALE makes the kernel look the name up again and open the existing file the
+    normal way; O_EXCL callers get their EEXIST. Otherwise the call runs as the caller (or the
+    caller is the daemon): opening an existing file is what the target does for the caller's
+    own open(O_CREAT), with the target's permission check. O_EXCL is not added there because
+    it costs a round trip on NFS: an exclusive create keeps its verifier in the file's times,
+    which the client then sets with a SETATTR (v3 and v4.1 alike).
     """
     if owner is not None:
         owner = _owner_for(dir_fd, *owner)
+    # Without O_EXCL the name may be one another client made meanwhile: O_NOFOLLOW, as a
+    # symlink is the kernel's to follow (ELOOP -> ESTALE: it looks the name up again), and
+    # O_NONBLOCK, as a FIFO must not hold the thread (ENXIO, or not a regular file: ESTALE).
+    exclusive = os.O_EXCL if owner is not None else os.O_NOFOLLOW | os.O_NONBLOCK
+    stale = (
+        ()
+        if owner is not None
+        else (errno.ENXIO,)
+        if flags & os.O_NOFOLLOW
+        else (
+            errno.ENXIO,
+            errno.ELOOP,
+        )
+    )
     try:
-        fd = os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        try:
+            fd = os.open(name, flags | os.O_CREAT | exclusive | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        except BlockingIOError:  # a lease on it (a local target): wait as the caller's would
+            fd = os.open(
+                name, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd
+            )
     except FileExistsError:
         if flags & os.O_EXCL:
             raise
         raise OSError(errno.ESTALE, os.strerror(errno.ESTALE)) from None
+    except OSError as err:
+        if err.errno not in stale:
+            raise
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE)) from None
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device another client made: the kernel's
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+        if exclusive & os.O_NONBLOCK and not flags & os.O_NONBLOCK:
+            os.set_blocking(fd, True)
         path_fd = os.open(proc_path(fd), O_PATH | os.O_CLOEXEC)
         try:
-            st = os.fstat(fd)
             # A target that refuses chown (e.g. NFS root_squash) keeps what it made, as in _make.
             with contextlib.suppress(PermissionError):
                 st = _own(path_fd, st, owner, mode)
@@ -318,8 +350,9 @@ def _setattr(
     atime_ns: int | None,
     mtime_ns: int | None,
 ) -> os.stat_result:
-    st = os.fstat(path_fd)
-    is_link = stat.S_ISLNK(st.st_mode)
+    # Only its type is wanted here, which never changes: a plain fstat on NFS would be a
+    # GETATTR (after writing back the file's dirty pages) before every chmod, chown or utimes.
+    is_link = stat.S_ISLNK(_libc.stat_cached(path_fd).st_mode)
     if mode is not None and not is_link:
         if fd is not None:
             os.fchmod(fd, mode)
@@ -404,7 +437,7 @@ def _dir_stats(dir_fds: tuple[int, ...]) -> list[os.stat_result]:
     stats = []
     for fd in dict.fromkeys(dir_fds):
         with contextlib.suppress(OSError):
-            stats.append(os.fstat(fd))
+            stats.append(_libc.stat_cached(fd))
     return stats
 
 
@@ -429,7 +462,7 @@ def _flush(fd: int, want_stat: bool = False) -> os.stat_result | None:
     # close() of a duplicate is what NFS uses to write back and report errors on close(2),
     # without giving up the descriptor the kernel will release later.
     os.close(os.dup(fd))
-    return os.fstat(fd) if want_stat else None
+    return _libc.stat_cached(fd) if want_stat else None
 
 
 def _close_all(fds: list[int]) -> None:
@@ -468,25 +501,37 @@ def _write_back_in_pieces(fd: int, lo: int, hi: int, piece: int) -> None:
         _libc.write_range_and_wait(fd, previous, min(piece, hi - previous))
 
 
-def _fsync_path(path_fd: int, datasync: bool, plan: SyncPlan | None = None) -> None:
-    try:
-        fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_CLOEXEC)
-    except PermissionError:  # a write-only file and an unprivileged daemon
-        fd = os.open(proc_path(path_fd), os.O_WRONLY | os.O_CLOEXEC)
+def _fsync_path(
+    path_fd: int, datasync: bool, plan: SyncPlan | None = None, fd: int | None = None
+) -> None:
+    """Sync a file through *fd*, an open descriptor of it (a released handle's, which the
+    caller closes: on NFS another open of the file is an OPEN and a CLOSE on the wire, and its
+    close after the handle's a second CLOSE or an OPEN_DOWNGRADE), or else through a
+    descriptor reopened from *path_fd*."""
+    own = fd is None
+    if fd is None:
+        try:
+            fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_CLOEXEC)
+        except PermissionError:  # a write-only file and an unprivileged daemon
+            fd = os.open(proc_path(path_fd), os.O_WRONLY | os.O_CLOEXEC)
     try:
         lo, hi = plan.written if plan and plan.written else (0, 0)
         if plan and plan.piece > 0:
             _write_back_in_pieces(fd, lo, hi, plan.piece)
             # What was written past the range while it was written back: also in pieces, or
             # the fdatasync would put all of it under writeback at once. (It is the next
-            # sync's to account for; that one then finds it on the target already.)
-            _write_back_in_pieces(fd, hi, os.fstat(fd).st_size, plan.piece)
+            # sync's to account for; that one then finds it on the target already.) The size
+            # is the one the target's client holds, which counts our writes not yet sent: a
+            # plain fstat on NFS first writes back every dirty page of the file and then asks
+            # the server (a GETATTR), which would defeat the pieces.
+            _write_back_in_pieces(fd, hi, _libc.stat_cached(fd).st_size, plan.piece)
         (os.fdatasync if datasync else os.fsync)(fd)
         if plan and plan.drop:
             # Whole file when the range is unknown (a released small file).
             os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
     finally:
-        os.close(fd)
+        if own:
+            os.close(fd)
 
 
 def _fsync_dir(path_fd: int, datasync: bool) -> None:

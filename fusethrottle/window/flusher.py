@@ -53,6 +53,10 @@ GROUP_SYNC_MAX_BYTES = 1 << 20
 GROUP_SYNC_GATHER = 0.02
 #: At most this many files per group, so one group's thread call stays short.
 GROUP_SYNC_MAX_FILES = 256
+#: Released handles' descriptors kept for their files' syncs at most (see Flusher.start):
+#: beyond, a sync reopens the file, as it must after an unmount's wait. Each one is a
+#: descriptor the inode table's share of the limit does not count (kernel_entries.py).
+HELD_HANDLES_MAX = 64
 #: A writeback piece is this many seconds of the target's commit rate ...
 PIECE_SECONDS = 0.1
 #: ... but at least this (a smaller piece only adds system calls) ...
@@ -120,6 +124,8 @@ class Flusher:
         self._error_log = LogLimiter(60.0)  # one line per file a minute
         self._group: list[int] = []  # released small files waiting for the next group sync
         self._group_running = False
+        #: Released handles' descriptors kept for the file's release sync (see start).
+        self._handle_fds: dict[int, int] = {}
 
     def poke(self) -> None:
         """Something changed (a write landed, a file closed, writers queued): look again."""
@@ -150,27 +156,40 @@ class Flusher:
         for nodeid, reason in due:
             self.start(nodeid, reason)
 
-    def start(self, nodeid: int, reason: str) -> None:
-        """Begin an fsync of *nodeid* in the background unless one is already running."""
+    def start(self, nodeid: int, reason: str, fd: int | None = None) -> bool:
+        """Begin an fsync of *nodeid* in the background unless one is already running.
+
+        *fd*: the descriptor of the handle just released, which the sync then uses and closes
+        (True: it was taken; otherwise the caller closes it). On NFS a sync through a new
+        descriptor is an OPEN and a CLOSE (or OPEN_DOWNGRADE) on the wire, one through the
+        handle's none at all: its close already wrote and committed the data.
+        """
         if nodeid in self._syncing or self._nursery is None:
-            return
+            return False
         inode = self.inodes.get(nodeid)
         if inode is None or inode.detached:
             self.budget.discard(nodeid)
-            return
+            return False
         if inode.detaching:
-            return  # its last name is being removed: its data will not need a sync
+            return False  # its last name is being removed: its data will not need a sync
         state = self.ledger.file(nodeid)
+        if fd is not None and len(self._handle_fds) >= HELD_HANDLES_MAX:
+            fd = None
         if reason == "release" and state is not None and state.dirty <= GROUP_SYNC_MAX_BYTES:
             self._mark_busy(nodeid)
             self._group.append(nodeid)
+            if fd is not None:
+                self._handle_fds[nodeid] = fd
             if not self._group_running:
                 self._group_running = True
                 self._nursery.start_soon(self._sync_groups)
-            return
+            return fd is not None
         ticket = self.budget.begin_sync(nodeid)
         self._mark_busy(nodeid)
+        if fd is not None:
+            self._handle_fds[nodeid] = fd  # counted while held; _sync takes it back
         self._nursery.start_soon(self._sync, inode, ticket, reason, self.plan(inode))
+        return fd is not None
 
     def plan(self, inode: Inode) -> SyncPlan:
         """How the next injected sync of *inode* writes back and what it drops (takes the
@@ -194,6 +213,11 @@ class Flusher:
         *timeout*) for a running one to end. True if nothing of the flusher holds it now."""
         if nodeid in self._group:
             self._group.remove(nodeid)
+            fd = self._handle_fds.pop(nodeid, None)
+            if fd is not None:
+                # Into the close queue, where the removal takes it back (take_closes) to
+                # close before the name goes: an open descriptor would keep the file.
+                self.backend.close_soon(fd, nodeid)
             self._done(nodeid)
         with trio.move_on_after(timeout):
             while nodeid in self._syncing:
@@ -218,7 +242,10 @@ class Flusher:
         start = trio.current_time()
         error: int | None = None
         try:
-            await self.backend.fsync_path(inode.writer, inode.path_fd, datasync=True, plan=plan)
+            fd = self._handle_fds.get(ticket.nodeid)
+            await self.backend.fsync_path(
+                inode.writer, inode.path_fd, datasync=True, plan=plan, fd=fd
+            )
         except OSError as err:
             error = err.errno or errno_mod.EIO
         except Exception:  # a bug must not end the flusher (and with it the mount)
@@ -227,6 +254,7 @@ class Flusher:
             )
             error = errno_mod.EIO
         finally:
+            self._handle_fds.pop(ticket.nodeid, None)  # closed by fsync_path
             now = trio.current_time()
             self._done(ticket.nodeid)
         if error is not None:
@@ -243,18 +271,21 @@ class Flusher:
                 nodeids = self._group[:GROUP_SYNC_MAX_FILES]
                 del self._group[:GROUP_SYNC_MAX_FILES]
                 tickets: list[SyncTicket] = []
-                files: list[tuple[Caller | None, int]] = []
+                files: list[tuple[Caller | None, int, int | None]] = []
                 for nodeid in nodeids:
                     inode = self.inodes.get(nodeid)
                     state = self.ledger.file(nodeid)
+                    fd = self._handle_fds.pop(nodeid, None)
                     if inode is None or inode.detached or state is None or state.dirty == 0:
                         # Unlinked or truncated since it was released: nothing left to sync.
+                        if fd is not None:
+                            self.backend.close_soon(fd, nodeid)
                         self.budget.discard(nodeid)
                         self._done(nodeid)
                         self._maybe_drop(nodeid)
                         continue
                     tickets.append(self.budget.begin_sync(nodeid))
-                    files.append((inode.writer, inode.path_fd))
+                    files.append((inode.writer, inode.path_fd, fd))
                     inode.take_written()  # small: synced whole, dropped whole
                 start = trio.current_time()
                 try:
@@ -274,6 +305,10 @@ class Flusher:
                 self._finish(list(zip(tickets, errors, strict=True)), "release", now - start, now)
         finally:
             self._group_running = False
+            for nodeid in self._group:  # cancelled (a shutdown past its grace): not leaked
+                fd = self._handle_fds.pop(nodeid, None)
+                if fd is not None:
+                    self.backend.close_soon(fd, nodeid)
 
     def _finish(
         self,
