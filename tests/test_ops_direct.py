@@ -733,7 +733,7 @@ def test_a_release_sync_goes_through_the_handles_descriptor(
 ) -> None:
     """On NFS a second open of the file for the sync is an OPEN and a CLOSE (or an
     OPEN_DOWNGRADE) on the wire: the released handle's own descriptor syncs it, then closes."""
-    from fusethrottle import target_calls
+    from fusethrottle.target import target_calls
 
     reopened: list[int] = []
     plain = target_calls.proc_path

@@ -219,7 +219,7 @@ def drop_caches() -> None:
 
 
 def _mounted(path: Path) -> bool:
-    from fusethrottle import mountinfo
+    from fusethrottle.service import mountinfo
 
     return any(m.mountpoint == str(path) for m in mountinfo.mounts())
 

@@ -117,6 +117,7 @@ class Inode:
         """The one answer to "may the table close this node's descriptor now": the kernel
         forgot it and it is not :meth:`needed`."""
         return self.lookups <= 0 and not self.needed(owes_data)
+
     # An mtime the kernel keeps of its own (its writeback cache stamps writes) that was not
     # set on the target, whose own write time stands for it (see Operations.setattr).
     kernel_mtime_ns: int | None = None
