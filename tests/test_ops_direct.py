@@ -733,11 +733,11 @@ def test_a_release_sync_goes_through_the_handles_descriptor(
 ) -> None:
     """On NFS a second open of the file for the sync is an OPEN and a CLOSE (or an
     OPEN_DOWNGRADE) on the wire: the released handle's own descriptor syncs it, then closes."""
-    from fusethrottle.target import target_calls
+    from fusethrottle.target import syncs
 
     reopened: list[int] = []
-    plain = target_calls.proc_path
-    monkeypatch.setattr(target_calls, "proc_path", lambda fd: reopened.append(fd) or plain(fd))
+    plain = syncs.proc_path
+    monkeypatch.setattr(syncs, "proc_path", lambda fd: reopened.append(fd) or plain(fd))
 
     async def body(fs: Fs) -> None:
         for name, size in ((b"small", 4096), (b"large", 3 << 20)):  # a group sync, a single one

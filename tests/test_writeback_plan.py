@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bench.system import resident_bytes
 from fusethrottle.adapter.inodes import Inode
-from fusethrottle.target.target_calls import SyncPlan, _fsync_path
+from fusethrottle.target.syncs import SyncPlan, _fsync_path
 from fusethrottle.window.flusher import PIECE_MIN, PIECE_UNKNOWN_RATE, writeback_piece
 
 MiB = 1 << 20

@@ -386,7 +386,7 @@ class InodeTable:
         if self._names.get((inode.entry_parent, inode.entry_name)) is inode:
             del self._names[(inode.entry_parent, inode.entry_name)]
         if inode.detaching:
-            return  # an abandoned removal's thread still owns the descriptor (ops._let_go)
+            return  # an abandoned removal's thread still owns the descriptor (NameOps._let_go)
         os.close(inode.path_fd)
 
     def path(self, nodeid: int) -> str:

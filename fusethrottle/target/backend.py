@@ -27,21 +27,19 @@ from typing import Any, TypeVar
 import trio
 
 from .. import _libc
+from .closes import DeferredCloses
 from .credentials import Caller, ThreadCredentials
+from .removals import LetGo, _rename, _unlink
+from .syncs import SyncPlan, _fsync_dir, _fsync_path
 from .target_calls import (
     CAPABILITY,
     Created,
-    LetGo,
-    SyncPlan,
     _aligned_pread,
     _aligned_pwrite,
-    _close_all,
     _create_file,
     _dir_stats,
     _drop_capability,
     _flush,
-    _fsync_dir,
-    _fsync_path,
     _list_entries,
     _listxattr,
     _look_again,
@@ -49,9 +47,8 @@ from .target_calls import (
     _make,
     _open_file,
     _readlink,
-    _rename,
     _setattr,
-    _unlink,
+    close_all,
     close_created,
     proc_path,
 )
@@ -60,15 +57,11 @@ from .workers import WorkerPool
 T = TypeVar("T")
 
 O_PATH = os.O_PATH
-#: How long released descriptors gather before one thread trip closes them all.
-CLOSE_GATHER = 0.02
-#: Longest a batch of closes may hold up a shutdown (see Backend.run_closer).
-CLOSE_GRACE = 5.0
 
 Observer = Callable[[str, int], None]
 
 
-class Backend:
+class Backend(DeferredCloses):
     """Async facade over the target; every method runs its syscalls in a worker thread."""
 
     def __init__(
@@ -148,12 +141,6 @@ class Backend:
             self.observer(op, nbytes)
 
     # --- namespace -------------------------------------------------------------------------
-    async def open_root(self, path: str) -> Created:
-        def run() -> Created:
-            fd = os.open(path, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            return Created(fd, os.fstat(fd))
-
-        return await self._run(self.meta, None, run)
 
     async def lookup(
         self, caller: Caller | None, dir_fd: int, name: bytes, stale_mode: int | None = None
@@ -408,55 +395,6 @@ class Backend:
         """What close(2) does on the target; with *want_stat*, the file's attributes after."""
         return await self._run(self.data, caller, _flush, fd, want_stat)
 
-    async def close(self, fd: int) -> None:
-        await self.data.run(os.close, fd)
-
-    def close_soon(self, fd: int, nodeid: int = 0) -> None:
-        """Close a released file's descriptor in the background, with the others released
-        meanwhile: one trip to a thread for many files (the kernel does not wait for the
-        release reply, so nobody waits for the close; on a tree copy this saves a trip per
-        file). Needs :meth:`run_closer` running. An unlink of the file takes it back
-        (:meth:`take_closes`): a descriptor still open would keep the file's space, and on
-        NFS turn the unlink into a silly rename."""
-        self._to_close.append((nodeid, fd))
-        self._close_wakeup.set()
-
-    def take_closes(self, nodeid: int) -> list[int]:
-        """The descriptors of *nodeid* still waiting to be closed, taken out of the queue (the
-        caller closes them)."""
-        mine = [fd for owner, fd in self._to_close if owner == nodeid]
-        if mine:
-            self._to_close = [(owner, fd) for owner, fd in self._to_close if owner != nodeid]
-        return mine
-
-    async def let_go(self, path_fd: int, fds: list[int]) -> None:
-        """Let go of a file nothing needs any more: its O_PATH descriptor's number is pointed at
-        a placeholder (see target_calls.LetGo), *fds* are closed (NFS: a close may write back;
-        a thread then)."""
-        await self.data.run(LetGo((0, 0), path_fd, fds).release)
-
-    async def run_closer(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Close what :meth:`close_soon` queued, until cancelled; then the rest, here."""
-        task_status.started()
-        try:
-            while True:
-                await self._close_wakeup.wait()
-                await trio.sleep(CLOSE_GATHER)  # let a tree copy's next releases join in
-                self._close_wakeup = trio.Event()
-                fds = [fd for _, fd in self._to_close]
-                self._to_close = []
-                # Shielded, so that a shutdown does not leave these to a thread it no longer
-                # waits for; bounded, so that a hung target cannot hold the shutdown.
-                with trio.move_on_after(CLOSE_GRACE) as scope:
-                    scope.shield = True
-                    await self.data.run(_close_all, fds)
-        finally:
-            fds = [fd for _, fd in self._to_close]
-            self._to_close = []
-            _close_all(fds)
-
     async def fsync(self, caller: Caller | None, fd: int, datasync: bool = False) -> None:
         await self._run(self.sync, caller, os.fdatasync if datasync else os.fsync, fd)
         self._seen("fsync")
@@ -477,7 +415,7 @@ class Backend:
                 self._call_as(caller, _fsync_path, path_fd, datasync, plan, fd)
             finally:
                 if fd is not None:
-                    _close_all([fd])
+                    close_all([fd])
 
         await self.sync.run(run)
         self._seen("fsync")
@@ -502,7 +440,7 @@ class Backend:
                     errors.append(err.errno or errno.EIO)
                 finally:
                     if fd is not None:
-                        _close_all([fd])
+                        close_all([fd])
             return errors
 
         result = await self.sync.run(run)

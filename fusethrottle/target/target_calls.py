@@ -11,9 +11,8 @@ import contextlib
 import errno
 import mmap
 import os
-import socket
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .. import _libc
@@ -71,123 +70,6 @@ def close_created(created: Created) -> None:
     if created.path_fd >= 0:
         with contextlib.suppress(OSError):
             os.close(created.path_fd)
-
-
-# --- letting go of a file before its last name is removed -----------------------------------
-def point_at_placeholder(fd: int) -> None:
-    """Replace what *fd* refers to with an unbound socket, keeping the number: it is then not
-    reused by another open while the event loop still holds it; anything that reaches through
-    it by mistake touches nothing on the target, and a reopen through /proc fails (ENXIO)
-    instead of opening something else."""
-    placeholder = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        os.dup2(placeholder.fileno(), fd)
-    finally:
-        placeholder.close()
-
-
-@dataclass
-class LetGo:
-    """What the daemon holds of a file whose name is about to be removed (unlink, rename over
-    it): its O_PATH descriptor and the released descriptors waiting to be closed.
-
-    On NFS, a file unlinked or renamed over while anything in the client still references it
-    is not removed but renamed to ``.nfsXXXXXXXX`` ("silly rename") until the last reference
-    goes; on any target its space stays allocated until then. So when the name is the file's
-    last link, these are let go of just before the removal, in the same thread: the O_PATH
-    descriptor's number is pointed at a placeholder (dup2, so the number is not reused while
-    the event loop still holds it), the released ones are closed.
-    """
-
-    key: tuple[int, int]
-    path_fd: int
-    closes: list[int] = field(default_factory=list)
-    #: Set by the call: the object was let go of (its name was the last and is gone).
-    done: bool = False
-
-    def applies_to(self, st: os.stat_result) -> bool:
-        return (st.st_dev, st.st_ino) == self.key and st.st_nlink <= 1
-
-    def release(self) -> None:
-        point_at_placeholder(self.path_fd)
-        _close_all(self.closes)
-        self.closes = []
-
-    def restore(self, dir_fd: int, name: bytes) -> None:
-        """The removal failed: hold the object again (by the name it still has)."""
-        with contextlib.suppress(OSError):
-            fd = os.open(name, O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-            try:
-                st = os.fstat(fd)
-                if (st.st_dev, st.st_ino) == self.key:
-                    os.dup2(fd, self.path_fd)
-                    return
-            finally:
-                os.close(fd)
-        self.done = True  # gone after all (or replaced): nothing to hold
-
-
-def _unlink(dir_fd: int, name: bytes, let_go: LetGo | None) -> os.stat_result:
-    """Remove *name*; returns what it was (so the caller knows whether the last link went).
-    With *let_go*, what the daemon holds of that file is let go of first if this is its last
-    link (see LetGo); its queued descriptors are closed whatever happens."""
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if let_go is None or not let_go.applies_to(st):
-            os.unlink(name, dir_fd=dir_fd)
-            return st
-        let_go.release()
-        let_go.done = True
-        try:
-            os.unlink(name, dir_fd=dir_fd)
-        except OSError:
-            let_go.done = False
-            let_go.restore(dir_fd, name)
-            raise
-        return st
-    finally:
-        if let_go is not None:
-            _close_all(let_go.closes)
-            let_go.closes = []
-
-
-def _rename(
-    old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int, let_go: LetGo | None
-) -> None:
-    """rename(2) (renameat2 with *flags*); with *let_go*, what the daemon holds of the file the
-    rename replaces is let go of first (see LetGo); its queued descriptors are closed whatever
-    happens."""
-
-    def rename() -> None:
-        if flags:
-            _libc.renameat2(old_dir, old, new_dir, new, flags)
-        else:
-            os.rename(old, new, src_dir_fd=old_dir, dst_dir_fd=new_dir)
-
-    try:
-        if let_go is None:
-            rename()
-            return
-        try:
-            replaced = os.stat(new, dir_fd=new_dir, follow_symlinks=False)
-        except FileNotFoundError:
-            rename()
-            return
-        if not let_go.applies_to(replaced):
-            rename()
-            return
-        let_go.release()
-        let_go.done = True
-        try:
-            rename()
-        except OSError:
-            let_go.done = False
-            let_go.restore(new_dir, new)
-            raise
-    finally:
-        if let_go is not None:
-            _close_all(let_go.closes)
-            let_go.closes = []
 
 
 def _needs_chown(st: os.stat_result, uid: int, gid: int) -> tuple[int, int]:
@@ -465,81 +347,10 @@ def _flush(fd: int, want_stat: bool = False) -> os.stat_result | None:
     return _libc.stat_cached(fd) if want_stat else None
 
 
-def _close_all(fds: list[int]) -> None:
+def close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):  # nobody is told: the kernel ignores release errors
             os.close(fd)
-
-
-@dataclass(frozen=True)
-class SyncPlan:
-    """How an injected sync goes easy on the target's queue and on the page cache.
-
-    ``written`` is the byte range written since the file's previous sync began. It is written
-    back ``piece`` bytes at a time, two pieces in flight, before the fdatasync that makes it
-    durable: a page waits in the target's queue behind two pieces, not behind the whole batch
-    (memory cgroup reclaim that meets a page under writeback waits for it). ``drop`` then evicts the
-    range from the page cache: the target has it, and the backup never reads it again.
-    """
-
-    written: tuple[int, int] | None = None
-    piece: int = 0
-    drop: bool = False
-
-
-def _write_back_in_pieces(fd: int, lo: int, hi: int, piece: int) -> None:
-    """Two pieces in the target's queue at a time: the next one is started before the previous
-    one is waited for, so the target never idles between pieces, and no page waits behind
-    more than two."""
-    previous: int | None = None
-    for off in range(lo, hi, piece):
-        _libc.start_writeback(fd, off, min(piece, hi - off))
-        if previous is not None:
-            _libc.write_range_and_wait(fd, previous, piece)
-        previous = off
-    if previous is not None:
-        _libc.write_range_and_wait(fd, previous, min(piece, hi - previous))
-
-
-def _fsync_path(
-    path_fd: int, datasync: bool, plan: SyncPlan | None = None, fd: int | None = None
-) -> None:
-    """Sync a file through *fd*, an open descriptor of it (a released handle's, which the
-    caller closes: on NFS another open of the file is an OPEN and a CLOSE on the wire, and its
-    close after the handle's a second CLOSE or an OPEN_DOWNGRADE), or else through a
-    descriptor reopened from *path_fd*."""
-    own = fd is None
-    if fd is None:
-        try:
-            fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_CLOEXEC)
-        except PermissionError:  # a write-only file and an unprivileged daemon
-            fd = os.open(proc_path(path_fd), os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        lo, hi = plan.written if plan and plan.written else (0, 0)
-        if plan and plan.piece > 0:
-            _write_back_in_pieces(fd, lo, hi, plan.piece)
-            # What was written past the range while it was written back: also in pieces, or
-            # the fdatasync would put all of it under writeback at once. (It is the next
-            # sync's to account for; that one then finds it on the target already.) The size
-            # is the one the target's client holds, which counts our writes not yet sent: a
-            # plain fstat on NFS first writes back every dirty page of the file and then asks
-            # the server (a GETATTR), which would defeat the pieces.
-            _write_back_in_pieces(fd, hi, _libc.stat_cached(fd).st_size, plan.piece)
-        (os.fdatasync if datasync else os.fsync)(fd)
-        if plan and plan.drop:
-            # Whole file when the range is unknown (a released small file).
-            os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
-    finally:
-        if own:
-            os.close(fd)
-
-
-def _fsync_dir(path_fd: int, datasync: bool) -> None:
-    fd = os.open(proc_path(path_fd), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        (os.fdatasync if datasync else os.fsync)(fd)
-    finally:
-        os.close(fd)
 
 
 def _listxattr(path_fd: int) -> list[bytes]:

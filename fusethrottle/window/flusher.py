@@ -39,7 +39,7 @@ from ..adapter.kernel_pages import KernelPages
 from ..loglimit import LogLimiter
 from ..target.backend import Backend
 from ..target.credentials import Caller
-from ..target.target_calls import SyncPlan
+from ..target.syncs import SyncPlan
 from .budget import WriteBudget
 from .ledger import SyncTicket
 
