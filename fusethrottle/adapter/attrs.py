@@ -48,11 +48,10 @@ class AttrOps:
         attributes and ask again at the next permission check: a second round trip per file
         in a tree copy or an rm -rf. A fresh stat of a directory (here or in a lookup) opens a
         window of ``attr_timeout``, the freshness the user chose for everything else the
-        kernel caches; within it the stat taken in the same trip as each of our changes (from
-        the target client's cache, see target_calls._dir_stats) answers. On NFSv4.1 that one
-        may show the directory's mtime, ctime and size as of the window's start; the first
-        getattr after the window asks the target again (one GETATTR per directory changed,
-        per attr_timeout).
+        kernel caches; within it the stat taken in the same trip as each of our changes
+        answers (a real one: the target client's cached attributes, AT_STATX_DONT_SYNC, showed
+        an NFSv4.1 directory with the mtime of its last change, not the one rsync then set on
+        it). The first getattr after the window asks the target again.
         """
         self._refuse_when_closing()
         gone = self.inodes.get(inode)

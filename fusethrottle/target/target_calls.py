@@ -319,7 +319,7 @@ def _dir_stats(dir_fds: tuple[int, ...]) -> list[os.stat_result]:
     stats = []
     for fd in dict.fromkeys(dir_fds):
         with contextlib.suppress(OSError):
-            stats.append(_libc.stat_cached(fd))
+            stats.append(os.fstat(fd))
     return stats
 
 
