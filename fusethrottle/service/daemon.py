@@ -138,6 +138,12 @@ class Daemon:
         """Ready means the mount answers: a stat through it came back."""
         problem = await trio.to_thread.run_sync(stat_from_child, mountpoint, **_ABANDON_KW)
         if problem is not None:
+            stopping = self.stopping is not None and self.stopping.is_set()
+            if stopping or find_mount(mountpoint, device=self._mount_id) is None:
+                # A stop or an unmount came first (a SIGTERM right after the start, on a busy
+                # host): the mount went, it did not fail.
+                log.info("the mount at %s ended before it was seen to answer", mountpoint)
+                return
             log.error("mount at %s does not answer: %s", mountpoint, problem)
             return
         # Only now: the kernel applies what FUSE_INIT negotiated (read-ahead included) when
