@@ -6,72 +6,34 @@ A part of :class:`~.ops.Operations` (the state it uses is set up there)."""
 from __future__ import annotations
 
 import errno
-import os
 import stat
-import time
 from typing import Any
 
 import pyfuse3
-import trio
 
 from .inodes import Inode
 from .requests import replies
 
-# Fresh directory attributes kept at most (expired ones are dropped when it fills).
-DIR_ATTRS_MAX = 4096
-
 
 class AttrOps:
-    def _dir_changed(self, st: os.stat_result) -> None:
-        """A directory we just changed, as the target's client has it cached: it answers the
-        kernel's next getattr until the window a fresh stat opened ends (see getattr)."""
-        key = (st.st_dev, st.st_ino)
-        window = self._dir_attrs.get(key)
-        if window is not None and window[1] > trio.current_time():
-            self._dir_attrs[key] = (st, window[1], time.monotonic())
-
-    def _dir_seen(self, st: os.stat_result) -> None:
-        """A directory's attributes fresh from the target: they open a window of attr_timeout
-        in which our own changes of it need not ask again."""
-        if self.attr_timeout <= 0 or not stat.S_ISDIR(st.st_mode):
-            return
-        now = trio.current_time()
-        if len(self._dir_attrs) >= DIR_ATTRS_MAX:
-            self._dir_attrs = {k: v for k, v in self._dir_attrs.items() if v[1] > now}
-        self._dir_attrs[(st.st_dev, st.st_ino)] = (st, now + self.attr_timeout, time.monotonic())
-
     @replies
     async def getattr(self, inode: int, ctx: Any = None) -> Any:
-        """The target's attributes, or the ones we took right after changing a directory.
-
-        Every create or unlink in a directory makes the kernel forget the directory's
-        attributes and ask again at the next permission check: a second round trip per file
-        in a tree copy or an rm -rf. A fresh stat of a directory (here or in a lookup) opens a
-        window of ``attr_timeout``, the freshness the user chose for everything else the
-        kernel caches; within it the stat taken in the same trip as each of our changes
-        answers (a real one: the target client's cached attributes, AT_STATX_DONT_SYNC, showed
-        an NFSv4.1 directory with the mtime of its last change, not the one rsync then set on
-        it). The first getattr after the window asks the target again.
-        """
+        """The target's attributes, or the ones we took right after changing a directory
+        (dir_attrs.py). Those are real stats: the target client's cached attributes
+        (AT_STATX_DONT_SYNC) showed an NFSv4.1 directory with the mtime of its last change, not
+        the one rsync then set on it."""
         self._refuse_when_closing()
         gone = self.inodes.get(inode)
         if gone is not None and gone.detached and gone.removed is not None:
             return self._attr(inode, gone.removed)  # unlinked: nobody can see it change
         node = self.inodes[inode]
-        fresh = self._dir_attrs.get(node.key)
-        if (
-            fresh is not None
-            and fresh[1] > trio.current_time()
-            # Not of an earlier object with the same inode number (a directory removed, its
-            # number given to a new file or directory within attr_timeout).
-            and fresh[2] >= node.born
-            and stat.S_IFMT(fresh[0].st_mode) == stat.S_IFMT(node.mode)
-        ):
-            return self._attr(inode, fresh[0])
+        fresh = self.dir_attrs.fresh(node)
+        if fresh is not None:
+            return self._attr(inode, fresh)
         st = await self.backend.stat(self.callers.of(ctx), node.path_fd)
         if (node.detaching or node.detached) and stat.S_IFMT(st.st_mode) != stat.S_IFMT(node.mode):
             raise pyfuse3.FUSEError(errno.ENOENT)  # let go of while this stat ran
-        self._dir_seen(st)
+        self.dir_attrs.seen(st)
         return self._attr(inode, st)
 
     @replies
@@ -81,7 +43,7 @@ class AttrOps:
         if gone is not None and gone.detached and gone.removed is not None and handle is None:
             return self._attr(inode, gone.removed)  # see the times-only case below
         node = self.inodes[inode]
-        self._dir_attrs.pop(node.key, None)
+        self.dir_attrs.forget(node)
         size = attr.st_size if fields.update_size else None
         times_only = not (
             fields.update_size or fields.update_mode or fields.update_uid or fields.update_gid

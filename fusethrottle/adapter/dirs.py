@@ -57,7 +57,7 @@ class DirOps:
     def _xattrs_changed(self, node: Inode) -> None:
         node.no_capability_until = 0.0
         node.xattr_names_until = 0.0
-        self._dir_attrs.pop(node.key, None)
+        self.dir_attrs.forget(node)
 
     @replies
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any = None) -> None:

@@ -36,7 +36,7 @@ class NameOps:
             found = await self.backend.lookup(caller, parent.path_fd, name, stale.mode)
             if found.handle is not None and found.handle == stale.handle:
                 stale.stale = False  # the same object after all
-        self._dir_seen(found.st)
+        self.dir_attrs.seen(found.st)
         return self._entry(found, parent_inode, name, renew=True, since=since)
 
     async def forget(self, inode_list: Any) -> None:

@@ -31,6 +31,7 @@ from ..target.target_calls import Created
 from ..window.budget import WriteBudget
 from ..window.flusher import Flusher
 from .attrs import AttrOps
+from .dir_attrs import DirAttrs
 from .dirs import DirOps
 from .files import FileOps
 from .init_flags import KillprivV2
@@ -54,6 +55,7 @@ class Operations(NameOps, FileOps, AttrOps, DirOps, pyfuse3.Operations):
         budget: WriteBudget,
         flusher: Flusher,
         attr_timeout: float = 1.0,
+        dir_attrs: DirAttrs | None = None,
         target_decides: bool = False,
         writeback_cache: bool = False,
         events: Events | None = None,
@@ -88,12 +90,8 @@ class Operations(NameOps, FileOps, AttrOps, DirOps, pyfuse3.Operations):
         self.requests_total = 0  # requests answered or in progress (the daemon's idle check)
         #: Counts our writes landing on the target (see Inode.last_write_seq).
         self.write_seq = 0
-        # Directory attributes stat'ed right after our own change to the directory, by
-        # (st_dev, st_ino), with when they stop being fresh (see getattr).
-        # (dev, ino) -> (stat, answers until (trio clock), taken at (time.monotonic))
-        self._dir_attrs: dict[tuple[int, int], tuple[os.stat_result, float, float]] = {}
-        if attr_timeout > 0:
-            backend.on_dir_changed = self._dir_changed
+        #: Directory attributes taken with our own changes (the backend tells it of those).
+        self.dir_attrs = dir_attrs or DirAttrs(attr_timeout)
         self.files: dict[int, FileHandle] = {}
         self.dirs: dict[int, DirHandle] = {}
         self._next_fh = 1

@@ -11,6 +11,7 @@ import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..adapter.dir_attrs import DirAttrs
 from ..adapter.init_flags import KillprivV2
 from ..adapter.inodes import Inode, InodeTable
 from ..adapter.kernel_entries import KernelEntries, bounds_for
@@ -76,11 +77,13 @@ def build(
     if meter is None:
         meter = Meter(profile_for(config))
     switching = config.credentials == "caller" and can_switch()
+    dir_attrs = DirAttrs(config.attr_timeout)
     backend = Backend(
         config.threads,
         observer=observer,
         credentials=ThreadCredentials() if switching else None,
         kernel_checked=config.permissions == "kernel",
+        on_dir_changed=dir_attrs.changed,
     )
     root_fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     ledger = Ledger()
@@ -148,6 +151,7 @@ def build(
         budget=budget,
         flusher=flusher,
         attr_timeout=config.attr_timeout,
+        dir_attrs=dir_attrs,
         target_decides=config.permissions == "target",
         writeback_cache=config.writeback_cache,
         events=events,

@@ -71,6 +71,7 @@ class Backend(DeferredCloses):
         observer: Observer | None = None,
         credentials: ThreadCredentials | None = None,
         kernel_checked: bool = True,
+        on_dir_changed: Callable[[os.stat_result], None] | None = None,
     ) -> None:
         self.meta = WorkerPool("meta", threads)
         self.data = WorkerPool("data", threads)
@@ -85,7 +86,7 @@ class Backend(DeferredCloses):
         self._to_close: list[tuple[int, int]] = []
         self._close_wakeup = trio.Event()
         #: Told the fresh attributes of every directory a call changed.
-        self.on_dir_changed: Callable[[os.stat_result], None] | None = None
+        self.on_dir_changed = on_dir_changed
 
     async def _run(
         self,
