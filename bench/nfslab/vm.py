@@ -233,15 +233,7 @@ def run_job(
         finally:
             disk.unlink(missing_ok=True)
         seconds = time.monotonic() - start
-        exit_file = job_dir / "guest.exit"
-        code = int(exit_file.read_text().strip()) if exit_file.exists() else None
-        result_file = job_dir / "result.json"
-        result = json.loads(result_file.read_text()) if result_file.exists() else {}
-        for name in ("console.log", "guest.log", "result.json"):
-            if (job_dir / name).exists():
-                shutil.copy2(job_dir / name, out_dir / name)
-        if (job_dir / "out").exists():
-            shutil.copytree(job_dir / "out", out_dir, dirs_exist_ok=True)
+        code, result = _collect(job_dir, out_dir)
         return JobResult(
             code,
             seconds,
