@@ -27,6 +27,7 @@ import contextlib
 import errno
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 
 #: The directory below the hierarchy's root that holds one cgroup per daemon.
 PARENT_NAME = "fusethrottle"
+#: Removing the daemon's cgroup at exit: how often to try while it is still busy, how far apart.
+RMDIR_TRIES = 40
+RMDIR_PAUSE = 0.05
 #: Cgroups systemd makes for one unit, which the daemon leaves alone.
 SYSTEMD_UNITS = (".service", ".mount")
 
@@ -173,10 +177,18 @@ class OwnMemoryCgroup:
                 break
             except OSError:
                 continue
-        try:
-            self.path.rmdir()
-        except OSError as err:
-            log.warning("could not remove the memory cgroup %s: %s", self.path, err.strerror)
+        # A child of the daemon that is still ending (the readiness check's stat) keeps the
+        # cgroup populated for a moment: EBUSY then, not for long.
+        for attempt in range(RMDIR_TRIES):
+            try:
+                self.path.rmdir()
+                break
+            except OSError as err:
+                if err.errno == errno.EBUSY and attempt + 1 < RMDIR_TRIES:
+                    time.sleep(RMDIR_PAUSE)
+                    continue
+                log.warning("could not remove the memory cgroup %s: %s", self.path, err.strerror)
+                break
         self.path = None
 
     def _stay(self, reason: str) -> bool:
