@@ -87,9 +87,20 @@ def verdicts(cells: Sequence[dict], baseline: str = "direct-bdi") -> list[dict]:
                             if c.get("cg_backup_cached_end_mib") is not None
                         ]
                     ),
+                    "stalled_in": stalled_in(runs),
                 }
             )
     return rows
+
+
+def stalled_in(runs: Sequence[dict]) -> dict[str, float]:
+    """Seconds the neighbour's operations over 0.1 s spent in each kernel wait, over all
+    repeats (bench.stall_stacks), most first."""
+    total: dict[str, float] = defaultdict(float)
+    for c in runs:
+        for wait, seconds in (c.get("victim_stalled_in") or {}).items():
+            total[wait] += seconds
+    return dict(sorted(((w, round(s, 1)) for w, s in total.items()), key=lambda x: -x[1]))
 
 
 def markdown(rows: Sequence[dict], baseline: str = "direct-bdi") -> str:
@@ -102,14 +113,15 @@ def markdown(rows: Sequence[dict], baseline: str = "direct-bdi") -> str:
         f"Worst over all repeats; ratios paired within a repeat (neighbour ops/s vs idle and vs "
         f"{baseline}, backup target MiB/s vs {baseline}), median and worst; the share of the "
         "throttled target's capacity the backup used until its data was durable; cache not the "
-        "victim's left in the shared cgroup once the data is durable.",
+        "victim's left in the shared cgroup once the data is durable; where in the kernel the "
+        "victim's operations over 0.1 s waited (its stack, sampled every 10 ms).",
         "",
         "| workload | arm | repeats | victim max ms (worst) | repeats with an op > 0.5 s | "
         "repeats with a second without ops | victim vs idle (median, worst) | victim vs "
         f"{baseline} (median, worst) | backup vs "
         f"{baseline} (median, worst) | target capacity used (median, worst) | "
-        "backup cache left MiB (median) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "backup cache left MiB (median) | where its slow operations waited (s, all repeats) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
@@ -122,7 +134,8 @@ def markdown(rows: Sequence[dict], baseline: str = "direct-bdi") -> str:
             f"{f(r['backup_vs_kernel_limit_median'], '.3f')}, "
             f"{f(r['backup_vs_kernel_limit_worst'], '.3f')} | "
             f"{f(r['target_used_median'], '.3f')}, {f(r['target_used_worst'], '.3f')} | "
-            f"{f(r['backup_cache_left_mib_median'], '.0f')} |"
+            f"{f(r['backup_cache_left_mib_median'], '.0f')} | "
+            f"{'; '.join(f'{w} {s}' for w, s in list(r['stalled_in'].items())[:3]) or '-'} |"
         )
     second_idles = [r for r in rows if r["arm"] != "idle" and is_idle(r["arm"])]
     if second_idles:

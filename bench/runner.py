@@ -36,6 +36,7 @@ from bench.plan import ArmSpec, MiB, Plan, WorkloadSpec, format_schedule
 from bench.prober import MetadataProber
 from bench.results import ResultWriter, now_iso
 from bench.sampler import Sampler
+from bench.stall_stacks import StackSampler, stall_waits
 from bench.system import (
     JOURNAL_DIR,
     ArmSkipped,
@@ -268,8 +269,13 @@ class Runner:
 
             victim_log = scratch / "victim.csv"
             victim = None
+            stacks = None
             if plan.victim != "none":
                 victim = self._start_victim(cell, victim_log, procs)
+                if os.geteuid() == 0:
+                    stacks = StackSampler(victim.pid, STACK_INTERVAL)
+                    stacks.start()
+                    stack.callback(stacks.stop)
 
             sampler = Sampler(
                 plan.sample_interval,
@@ -348,6 +354,7 @@ class Runner:
             time.sleep(plan.tail_seconds)
             sampler.stop()
             victim_ops: list[tuple[float, float]] = []
+            stack_samples = stacks.stop() if stacks else []
             if victim:
                 victim.stop(grace=30)
                 self.teardown.forget(victim.key)
@@ -413,6 +420,10 @@ class Runner:
         out["cpu_s_per_gib"] = analysis.cpu_per_gib(cpu, wres.bytes)
         out |= analysis.sample_stats(sampler.rows, t0, t_end)
         out |= analysis.victim_stats(victim_ops, t0, t_end)
+        if stacks is not None and stacks.readable:
+            # Where the neighbour's operations longer than 0.1 s waited, in seconds per wait.
+            during = [(t, lat) for t, lat in victim_ops if t0 <= t <= t_end]
+            out["victim_stalled_in"] = stall_waits(during, stack_samples, STACK_INTERVAL)
         if sampler.scraper:
             out |= analysis.metrics_stats(sampler.scraper.snapshots, t0, t_end)
             out["metrics_answered"] = bool(sampler.scraper.snapshots)
@@ -553,6 +564,10 @@ def _tree_bytes(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(root, name)).st_size
     return total
+
+
+#: How often the neighbour's kernel stack is sampled (bench.stall_stacks).
+STACK_INTERVAL = 0.01
 
 
 def _read_victim(path: Path) -> list[tuple[float, float]]:
