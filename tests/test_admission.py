@@ -395,10 +395,13 @@ def test_discarding_a_files_data_wakes_the_writers_it_was_blocking() -> None:
             admitted_at.append(trio.current_time())
 
         async with trio.open_nursery() as nursery:
+            await nursery.start(budget.run)
             nursery.start_soon(writer)
             await trio.sleep(1.0)
             assert admitted_at == [] and gate.waiting == 1
             budget.discard(7)
+            await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
         assert admitted_at == [pytest.approx(1.0)]
         assert ledger.unsynced == 4096
 
@@ -413,9 +416,13 @@ def test_a_write_that_fails_gives_its_admission_back_and_wakes_the_next() -> Non
         async def failing() -> int:
             raise OSError(errno.EIO, "target gone")
 
-        with pytest.raises(OSError):
-            await budget.write(1, MiB, failing)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(budget.run)
+            with pytest.raises(OSError):
+                await budget.write(1, MiB, failing)
+            nursery.cancel_scope.cancel()
         assert ledger.unsynced == 0 and ledger.reserved == 0
+        assert ledger.file(1) is None
 
     run_mock(main)
 

@@ -82,11 +82,14 @@ def test_a_window_that_grows_lets_queued_writers_in_at_once() -> None:
             admitted_at.append(trio.current_time())
 
         async with trio.open_nursery() as nursery:
+            await nursery.start(budget.run)
             nursery.start_soon(writer)
             await trio.sleep(1.0)
             assert admitted_at == [] and budget.waiting == 1
             controller.next_window = 2 * MiB
             budget.sampled(trio.current_time(), 0, 1.0)  # no byte synced, the window grew
+            await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
         assert admitted_at == [pytest.approx(1.0)]
 
     run_mock(main)
@@ -134,3 +137,97 @@ def test_the_kernel_share_follows_the_window_in_a_thread(
         assert budget.window() == 32 * MiB - kernel_share(32 * MiB, 32 * MiB)
 
     trio.run(main)
+
+
+def test_a_write_whose_request_stops_waiting_stays_counted_until_its_call_ends() -> None:
+    """A caller killed while its pwrite is in a worker thread (or a shutdown that gives up on
+    it): the request is answered, but the bytes may still land, so they stay in the window and
+    are named as the file's until the call ends; then they count as landed, to be synced."""
+
+    async def main() -> None:
+        ledger = Ledger()
+        budget = WriteBudget(ledger, Steerable(64 * MiB), batch=64 * MiB)  # type: ignore[arg-type]
+        target_answers = trio.Event()
+        ended: list[str] = []
+
+        async def slow_pwrite() -> int:
+            await target_answers.wait()
+            return MiB
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(budget.run)
+            with trio.move_on_after(1.0) as request:
+                await budget.write(3, MiB, slow_pwrite, ended=lambda: ended.append("ended"))
+            assert request.cancelled_caught  # the request was answered without the write
+            state = ledger.file(3)
+            assert ledger.unsynced == MiB and state is not None and state.unsynced == MiB
+            assert ended == []
+            target_answers.set()
+            await budget.landed()
+            nursery.cancel_scope.cancel()
+        state = ledger.file(3)
+        assert ended == ["ended"]
+        assert state is not None and state.dirty == MiB and ledger.unsynced == MiB
+        assert ledger.reserved == 0
+
+    run_mock(main)
+
+
+def test_a_write_abandoned_before_its_turn_is_never_sent() -> None:
+    """Writes of one file go one at a time: one whose request stopped waiting while it queued
+    behind another is not sent later, and gives its admission back."""
+
+    async def main() -> None:
+        ledger = Ledger()
+        budget = WriteBudget(ledger, Steerable(64 * MiB), batch=64 * MiB)  # type: ignore[arg-type]
+        order = trio.Lock()
+        sent: list[int] = []
+        first_may_end = trio.Event()
+
+        def pwrite(n: int):  # type: ignore[no-untyped-def]
+            async def send() -> int:
+                sent.append(n)
+                if n == 1:
+                    await first_may_end.wait()
+                return 4096
+
+            return send
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(budget.run)
+            nursery.start_soon(lambda: budget.write(5, 4096, pwrite(1), order=order))
+            await trio.sleep(0.1)
+            with trio.move_on_after(1.0):
+                await budget.write(5, 4096, pwrite(2), order=order)
+            first_may_end.set()
+            await budget.landed()
+            nursery.cancel_scope.cancel()
+        assert sent == [1]
+        assert ledger.unsynced == 4096 and ledger.reserved == 0
+
+    run_mock(main)
+
+
+def test_a_write_that_fails_after_its_request_stopped_waiting_is_uncounted_and_kept_as_lost() -> (
+    None
+):
+    async def main() -> None:
+        ledger = Ledger()
+        budget = WriteBudget(ledger, Steerable(64 * MiB), batch=64 * MiB)  # type: ignore[arg-type]
+        target_answers = trio.Event()
+
+        async def failing() -> int:
+            await target_answers.wait()
+            raise OSError(errno.ENOSPC, "full")
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(budget.run)
+            with trio.move_on_after(1.0):
+                await budget.write(4, MiB, failing)
+            target_answers.set()
+            await budget.landed()
+            nursery.cancel_scope.cancel()
+        assert ledger.unsynced == 0 and ledger.reserved == 0
+        assert ledger.lost == {4: errno.ENOSPC}
+
+    run_mock(main)

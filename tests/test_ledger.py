@@ -37,10 +37,26 @@ class LedgerModel(RuleBasedStateMachine):
         self.dirty[node] = self.dirty.get(node, 0) + accepted
 
     @rule(size=SIZES)
-    def write_in_flight_then_failed(self, size: int) -> None:
+    def write_admitted_then_never_sent(self, size: int) -> None:
         self.ledger.reserve(size)
         assert self.ledger.unsynced >= size
         self.ledger.unreserve(size)
+
+    @rule(node=FILES, size=st.integers(min_value=1, max_value=1 << 20))
+    def write_sent_then_failed(self, node: int, size: int) -> None:
+        self.ledger.reserve(size)
+        self.ledger.sending(node, size)
+        state = self.ledger.file(node)
+        # Until the call ends, the file is named as holding data not yet on the target.
+        assert state is not None and state.unsynced >= size
+        self.ledger.unsent(node, size)
+
+    @rule(node=FILES, size=SIZES)
+    def write_sent_then_landed(self, node: int, size: int) -> None:
+        self.ledger.reserve(size)
+        self.ledger.sending(node, size)
+        self.ledger.written(node, size, size, self._tick())
+        self.dirty[node] = self.dirty.get(node, 0) + size
 
     @rule(target=tickets, node=FILES)
     def begin_sync(self, node: int):
@@ -81,6 +97,7 @@ class LedgerModel(RuleBasedStateMachine):
             state = self.ledger.file(node)
             dirty = state.dirty if state else 0
             syncing = state.syncing if state else 0
+            assert state is None or state.sending == 0
             assert (dirty, syncing) == (self.dirty.get(node, 0), self.syncing.get(node, 0))
 
     @invariant()

@@ -613,3 +613,74 @@ def test_a_process_waiting_on_a_hung_target_can_be_killed(
     # The daemon, and every path outside the hung subtree, kept serving.
     assert answers(["ls", str(ft.mountpoint / "ok")]).returncode == 0
     assert status_json(ft.mountpoint)
+
+
+def test_a_stop_with_a_hung_target_and_closes_queued_ends_within_unmount_timeout(
+    make_memfs: Callable[..., tuple[Daemon, Path]],
+    make_mount: MakeMount,
+    workdir: Path,
+) -> None:
+    """SIGTERM while the target hangs (each call takes 20 s), with a file's data not yet
+    synced and released files' descriptors waiting to be closed (on NFS a close writes back
+    and waits for the server): the mount is gone within unmount_timeout, the file that is not
+    on the target is named, and the daemon exits 1 once the target lets its threads go. The
+    closes run in worker threads, never on the event loop, where each would have held the stop
+    for the whole 20 s."""
+    backing = workdir / "backing"
+    backing.mkdir()
+    switch = workdir / "slow-now"
+    target, _ = make_memfs("backing/slow", slow_all_while=(switch, 20.0))
+    ft = make_mount(
+        source=backing,
+        options=["writeback_cache=no", "unmount_timeout=3s", "max_age=1h"],
+        name="top",
+    )
+    slow = ft.mountpoint / "slow"
+    holder_program = textwrap.dedent(
+        """
+        import os, sys, time
+        fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+        os.write(fd, b"x" * (1 << 20))
+        print("ready", flush=True)
+        time.sleep(3600)
+        """
+    )
+    holders = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", holder_program, str(slow / name)],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for name in ("first", "second", "dirty")
+    }
+    try:
+        for name, holder in holders.items():
+            assert read_lines_until(holder, lambda line: line == "ready")
+            if name != "dirty":
+                os.fsync(os.open(slow / name, os.O_RDONLY))  # nothing of it left to sync
+        switch.touch()
+        # A killed holder's close at exit is a FLUSH that waits on the target (answered
+        # EINTR: the caller is dying), then a RELEASE: the first one's descriptor is being
+        # closed in a worker thread (held by the target) when the second one's queues up.
+        holders["first"].kill()
+        time.sleep(0.6)  # the daemon looks at dying callers every 0.5 s
+        holders["second"].kill()
+        for name in ("first", "second"):
+            holders[name].wait(60)
+        stop = time.monotonic()
+        ft.signal(signal.SIGTERM)
+        assert wait_for(lambda: not ft.is_mounted(), 3 + 4), "the mount outlived the stop"
+        took = time.monotonic() - stop
+        switch.unlink()  # the target is back: the calls it holds end within 20 s
+        code = ft.wait(90)
+    finally:
+        for holder in holders.values():
+            holder.kill()
+            holder.wait(60)
+        switch.unlink(missing_ok=True)
+    assert took < 3 + 4, f"the stop took {took:.1f} s"
+    assert code == 1, ft.log()
+    assert f"not on the target: {backing / 'slow' / 'dirty'}" in ft.log()
+    ft.expect_log_problems = True
+    target.expect_log_problems = True

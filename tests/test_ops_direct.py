@@ -180,11 +180,13 @@ def run(
             fs = Fs(mount, backing, calls)
             try:
                 async with trio.open_nursery() as nursery:
+                    await nursery.start(mount.budget.run)
                     await nursery.start(mount.flusher.run)
                     await nursery.start(mount.backend.run_closer)
                     await body(fs)
                     await fs.release_all()
                     assert await mount.flusher.flush_all("test") == []
+                    await mount.backend.closes_made()
                     nursery.cancel_scope.cancel()
             finally:
                 mount.inodes.close_all()

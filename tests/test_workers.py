@@ -108,3 +108,32 @@ def test_no_call_is_lost_while_threads_are_ending() -> None:
         assert pool.threads <= 2
 
     trio.run(main)
+
+
+def test_a_close_queued_behind_a_hung_call_still_runs_once_its_caller_gives_up() -> None:
+    """A shutdown stops waiting for the closes of released files (on NFS a close waits for the
+    server), but the descriptors are still closed once a thread is free: none is leaked, and
+    none is closed twice; what nobody waits for at all (spawn) runs too."""
+
+    async def main() -> None:
+        pool = WorkerPool("t", 1)
+        release = threading.Event()
+        ran: list[str] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pool.run, release.wait)  # the one thread, hung on the target
+            await trio.sleep(0.05)
+            with trio.move_on_after(0.2) as scope:
+                await pool.run(ran.append, "must run", must_run=True)
+            assert scope.cancelled_caught
+            with trio.move_on_after(0.2):
+                await pool.run(ran.append, "skipped")
+            pool.spawn(ran.append, "spawned")
+            assert ran == []
+            release.set()
+        for _ in range(100):
+            if len(ran) == 2:
+                break
+            await trio.sleep(0.02)
+        assert ran == ["must run", "spawned"]
+
+    trio.run(main)

@@ -50,11 +50,21 @@ class FileOps:
         return flags
 
     def _file_info(
-        self, fd: int, inode: Inode, flags: int, caller: Caller | None, ctx: Any
+        self,
+        fd: int,
+        inode: Inode,
+        flags: int,
+        caller: Caller | None,
+        ctx: Any,
+        *,
+        direct_io: bool = False,
     ) -> pyfuse3.FileInfo:
         fh = self._new_fh()
         pid = getattr(ctx, "pid", 0)
-        self.files[fh] = FileHandle(fd, inode, flags, bool(flags & os.O_DIRECT), caller, pid)
+        direct = bool(flags & os.O_DIRECT)
+        # Through the kernel's cache unless the handle bypasses it (O_DIRECT, direct_io).
+        write_back = self.enable_writeback_cache and not direct and not direct_io
+        self.files[fh] = FileHandle(fd, inode, flags, direct, caller, pid, write_back)
         inode.open_handles += 1
         if flags & os.O_ACCMODE != os.O_RDONLY:
             inode.writer = caller  # background fsyncs run as the last one to open it for writing
@@ -109,7 +119,7 @@ class FileOps:
             node.shown_size = 0
             node.shown_mtime_ns = None
         if fell_back:
-            info = self._file_info(fd, node, os.O_WRONLY, caller, ctx)
+            info = self._file_info(fd, node, os.O_WRONLY, caller, ctx, direct_io=True)
             info.direct_io = True
             return info
         info = self._file_info(fd, node, flags, caller, ctx)
@@ -153,10 +163,10 @@ class FileOps:
         if self.ceilings is not None:
             await self.ceilings.wait(OpClass.DATA_WRITE, len(buf))
         drop = node.capability_to_drop
-
         failed: list[OSError] = []
 
         async def send() -> int:
+            """Runs in the budget's carrier: also after the request stopped waiting for it."""
             written = await self.backend.pwrite(
                 handle.caller, handle.fd, buf, off, handle.direct, drop
             )
@@ -164,41 +174,37 @@ class FileOps:
                 # The kernel takes the count of a write-back reply for all of it: short would
                 # be a silently short file. Write the rest, or fail the whole request.
                 written = await self._write_rest(handle, buf, off, written, failed)
-            return written
+            node.note_written(off, written)
+            if node.shown_size is not None:
+                node.shown_size = max(node.shown_size, off + written)  # the kernel's grew too
+            node.shown_mtime_ns = None
+            if drop:
+                node.capability_to_drop = False
+            self.events.bytes_written(written)
+            if failed:
+                self.budget.lost(node.nodeid, failed[0].errno or errno.EIO)
+            return written  # what landed is accounted for (it needs its fsync) ...
+
+        def ended() -> None:
+            node.writes_in_flight -= 1
+            self.write_seq += 1
+            node.last_write_seq = self.write_seq
 
         # With the writeback cache the kernel sends up to a dozen writes of one file at once.
         # The target serialises them on the file's lock anyway; in parallel they only spin on
         # it (measured on tmpfs: 1 MiB writes at 326 MB/s with half the daemon's CPU spinning,
-        # against over 1 GB/s one at a time). So they go one at a time, but only once
-        # admitted: the order is taken after the gate, so a write waits at most one
-        # admission_timeout and then only for the pwrites ahead of it (a lock held across the
-        # gate made the k-th queued write of a file wait k timeouts), and every write that
+        # against over 1 GB/s one at a time). So they go one at a time (*order*), but only
+        # once admitted: the order is taken after the gate, so a write waits at most one
+        # admission_timeout and then only for the pwrites ahead of it, and every write that
         # waits for room counts at the gate as waiting.
         if node.write_lock is None:
             node.write_lock = trio.Lock()
-        lock = node.write_lock
-
-        async def send_in_order() -> int:
-            async with lock:
-                return await send()
-
         node.writes_in_flight += 1
-        try:
-            written = await self.budget.write(node.nodeid, len(buf), send_in_order)
-        finally:
-            node.writes_in_flight -= 1
-            self.write_seq += 1
-            node.last_write_seq = self.write_seq
-        node.note_written(off, written)
-        if node.shown_size is not None:
-            node.shown_size = max(node.shown_size, off + written)  # the kernel's size grew too
-        node.shown_mtime_ns = None
-        if drop:
-            node.capability_to_drop = False
-        self.events.bytes_written(written)
+        written = await self.budget.write(
+            node.nodeid, len(buf), send, order=node.write_lock, ended=ended
+        )
         if failed:
-            self.budget.lost(node.nodeid, failed[0].errno or errno.EIO)
-            raise failed[0]  # after the written part is accounted for (it needs its fsync)
+            raise failed[0]  # ... and the request fails all the same
         return written
 
     async def _write_rest(

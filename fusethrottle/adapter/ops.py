@@ -187,13 +187,18 @@ class Operations(NameOps, FileOps, AttrOps, DirOps, pyfuse3.Operations):
         if node is not None:
             node.stale = True
 
-    def _caller_tid(self, args: tuple[Any, ...], by_handle: bool) -> int:
-        """Whose request this is (0: nobody the daemon can tell)."""
+    def _caller_tid(self, args: tuple[Any, ...], op: str, by_handle: bool) -> int:
+        """Whose request this is (0: nobody the daemon can tell, or nobody's: never answered
+        early, see killable.py)."""
         if by_handle:
             if not args or not isinstance(args[0], int):
                 return 0
             handle = self.files.get(args[0]) or self.dirs.get(args[0])
-            return handle.pid if handle is not None else 0
+            if handle is None:
+                return 0
+            if op == "write" and isinstance(handle, FileHandle) and handle.write_back:
+                return 0  # the kernel's write-back: nobody's (FileHandle.write_back)
+            return handle.pid
         pid = getattr(args[-1], "pid", 0) if args else 0
         return pid if isinstance(pid, int) else 0
 

@@ -45,6 +45,10 @@ class FileHandle:
     #: The opener's thread id: the kernel does not say who reads or writes through a handle,
     #: so a request through it counts as the opener's (see killable.py).
     pid: int = 0
+    #: Writes through it are the kernel writing back its cache (the writeback cache, a handle
+    #: without O_DIRECT): they carry data nobody else holds, on nobody's behalf, and are never
+    #: answered early, whatever becomes of the opener (a failed write-back drops the pages).
+    write_back: bool = False
 
 
 @dataclass(eq=False)
@@ -120,7 +124,7 @@ def replies(fn: F) -> F:
     async def handler(self: Any, *args: Any) -> Any:
         self.requests_total += 1
         self.events.operation(op)
-        with self.kills.request(self._caller_tid(args, by_handle)):
+        with self.kills.request(self._caller_tid(args, op, by_handle)):
             try:
                 if charged is not None and self.ceilings is not None:
                     await self.ceilings.wait(charged, 0)

@@ -84,6 +84,7 @@ class Daemon:
                 await nursery.start(self.mount.kernel_pages.run)
                 if self.mount.kernel_entries is not None:
                     await nursery.start(self.mount.kernel_entries.run)
+                await nursery.start(self.mount.budget.run)
                 await nursery.start(self.mount.flusher.run)
                 await nursery.start(self.mount.budget.keep_kernel_share)
                 await nursery.start(self.mount.ops.kills.run)
@@ -268,6 +269,7 @@ class Daemon:
         ledger = self.mount.ledger
         with trio.move_on_at(self._shutdown_deadline()) as scope:
             failed = await self.mount.flusher.flush_all("unmount")
+            await self.mount.backend.closes_made()
         if scope.cancelled_caught:
             failed = [n for n, s in ledger.files.items() if s.unsynced > 0]
         # A failed injected fsync nobody was told of lost data, even if a retry then "succeeded"

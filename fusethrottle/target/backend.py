@@ -85,6 +85,8 @@ class Backend(DeferredCloses):
         #: (node id, fd) of released files, closed in batches (see close_soon).
         self._to_close: list[tuple[int, int]] = []
         self._close_wakeup = trio.Event()
+        self._closes_done = trio.Event()  # set while nothing is queued or being closed
+        self._closes_done.set()
         #: Told the fresh attributes of every directory a call changed.
         self.on_dir_changed = on_dir_changed
 

@@ -13,9 +13,6 @@ from .target_calls import close_all
 #: How long released descriptors gather before one thread trip closes them all.
 CLOSE_GATHER = 0.02
 
-#: Longest a batch of closes may hold up a shutdown (see Backend.run_closer).
-CLOSE_GRACE = 5.0
-
 
 class DeferredCloses:
     def close_soon(self, fd: int, nodeid: int = 0) -> None:
@@ -27,6 +24,8 @@ class DeferredCloses:
         NFS turn the unlink into a silly rename."""
         self._to_close.append((nodeid, fd))
         self._close_wakeup.set()
+        if self._closes_done.is_set():
+            self._closes_done = trio.Event()
 
     def take_closes(self, nodeid: int) -> list[int]:
         """The descriptors of *nodeid* still waiting to be closed, taken out of the queue (the
@@ -42,10 +41,20 @@ class DeferredCloses:
         a thread then)."""
         await self.data.run(LetGo((0, 0), path_fd, fds).release)
 
+    async def closes_made(self) -> None:
+        """Wait until every close queued so far has been made (a stop waits for them within
+        its bound, so that what it leaves to a thread nobody waits for is only what the
+        target would not let close in time)."""
+        await self._closes_done.wait()
+
     async def run_closer(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Close what :meth:`close_soon` queued, until cancelled; then the rest, here."""
+        """Close what :meth:`close_soon` queued, until cancelled; then hand the rest to a
+        worker thread. Never on the event loop: on NFS a close writes back and waits for the
+        server, and a stop must end within unmount_timeout even if the server is gone. A
+        batch whose wait is cancelled is still closed (*must_run*), by a thread nobody waits
+        for; the process exits without it if the target never answers."""
         task_status.started()
         try:
             while True:
@@ -54,12 +63,12 @@ class DeferredCloses:
                 self._close_wakeup = trio.Event()
                 fds = [fd for _, fd in self._to_close]
                 self._to_close = []
-                # Shielded, so that a shutdown does not leave these to a thread it no longer
-                # waits for; bounded, so that a hung target cannot hold the shutdown.
-                with trio.move_on_after(CLOSE_GRACE) as scope:
-                    scope.shield = True
-                    await self.data.run(close_all, fds)
+                if fds:
+                    await self.data.run(close_all, fds, must_run=True)
+                if not self._to_close:
+                    self._closes_done.set()
         finally:
             fds = [fd for _, fd in self._to_close]
             self._to_close = []
-            close_all(fds)
+            if fds:
+                self.data.spawn(close_all, fds)

@@ -35,15 +35,16 @@ T = TypeVar("T")
 
 
 class _Job:
-    __slots__ = ("abandoned", "args", "discard", "fn", "task", "token")
+    __slots__ = ("abandoned", "args", "discard", "fn", "must_run", "task", "token")
 
     def __init__(
         self,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         task: Any,
-        token: trio.lowlevel.TrioToken,
+        token: trio.lowlevel.TrioToken | None,
         discard: Callable[[Any], None] | None,
+        must_run: bool = False,
     ) -> None:
         self.fn = fn
         self.args = args
@@ -51,6 +52,8 @@ class _Job:
         self.token = token
         self.discard = discard
         self.abandoned = False
+        #: Run even if nobody waits for it any more (a close: the descriptor is nobody else's).
+        self.must_run = must_run
 
 
 def _give_back(job: _Job, result: outcome.Outcome) -> None:
@@ -90,14 +93,40 @@ class WorkerPool:
         return self._threads
 
     async def run(
-        self, fn: Callable[..., T], *args: Any, discard: Callable[[T], None] | None = None
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        discard: Callable[[T], None] | None = None,
+        must_run: bool = False,
     ) -> T:
         """Run ``fn(*args)`` in a worker thread; a cancelled caller abandons the thread, and
-        what the call returns after that goes to *discard*."""
+        what the call returns after that goes to *discard*. A job abandoned before a thread
+        took it is skipped, unless it *must_run*."""
         await trio.lowlevel.checkpoint_if_cancelled()
         job = _Job(
-            fn, args, trio.lowlevel.current_task(), trio.lowlevel.current_trio_token(), discard
+            fn,
+            args,
+            trio.lowlevel.current_task(),
+            trio.lowlevel.current_trio_token(),
+            discard,
+            must_run,
         )
+        self._submit(job)
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            job.abandoned = True
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
+
+    def spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` in a worker thread; nobody waits for it (safe from a ``finally``
+        of a cancelled task: it never blocks)."""
+        job = _Job(fn, args, None, None, None, must_run=True)
+        job.abandoned = True
+        self._submit(job)
+
+    def _submit(self, job: _Job) -> None:
         with self._lock:
             self._queued += 1
             start = self._idle < self._queued and self._threads < self.size
@@ -108,12 +137,6 @@ class WorkerPool:
                 target=self._work, name=f"fusethrottle {self.name}", daemon=True
             ).start()
         self._jobs.put(job)
-
-        def abort(_: Any) -> trio.lowlevel.Abort:
-            job.abandoned = True
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
 
     def _work(self) -> None:
         while True:
@@ -134,10 +157,10 @@ class WorkerPool:
             with self._lock:
                 self._idle -= 1
                 self._queued -= 1
-            if job.abandoned:  # cancelled before it started: nobody waits for it
+            if job.abandoned and not job.must_run:  # cancelled before it started: nobody waits
                 continue
             result = outcome.capture(job.fn, *job.args)
-            if job.abandoned:
+            if job.abandoned or job.token is None:
                 _give_back(job, result)
                 continue
             try:

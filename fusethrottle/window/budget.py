@@ -9,6 +9,7 @@ file reaches its sync trigger or writers queue up. Handlers and the flusher spea
 call                  what happened                                        wakes
 ====================  ===================================================  ===============
 ``write(...)``        admit (may wait), send to the target, land the bytes  writers if short
+``landed()``          wait until every write under way has ended            -
 ``discard(id)``       the file's data needs no sync (unlink, truncate)      writers
 ``begin_sync(id)``    an fsync starts and takes the file's dirty bytes      -
 ``end_sync(...)``     it ended: durable, or dirty again with the error      writers
@@ -24,19 +25,42 @@ per fsync), and the kernel's share follows it in :meth:`keep_kernel_share`, whos
 runs in a thread, never on the event loop. The ledger (pure bookkeeping), the gate (waiting) and
 the controller (the window's size) stay separate and unit-tested on their own; this class only
 sequences them. Called from the event loop only: code between awaits is atomic.
+
+A write, once admitted, is carried by a task of the budget's own (:meth:`run`), not by the
+request that asked for it: the request may stop waiting (its caller is being killed, a shutdown
+gives up on it) while its call still runs in a worker thread and may yet land on the target. The
+carrying task keeps the bytes counted, and the file's order of writes held, until that call has
+ended; then it accounts for what landed.
 """
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import outcome
 import trio
 
 from .admission import GateStatistics, WindowGate
 from .controller import Controller
 from .kernel_cache import KernelCache
 from .ledger import Ledger, SyncTicket, sync_trigger
+
+
+class _NotSent(Exception):
+    """The request stopped waiting before its write was sent: it is not sent at all."""
+
+
+class _NoOrder:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_ORDER = _NoOrder()
 
 #: What is admitted until the first fsync has measured the target (see effective_window).
 STARTUP_WINDOW = 16 << 20
@@ -59,6 +83,16 @@ class BudgetStatistics:
     #: What the gate admits to the target: the window less the kernel's share.
     target_window_bytes: int
     gate: GateStatistics
+
+
+@dataclass(eq=False)
+class _Carried:
+    """One admitted write, between the request that asked for it and the task that carries it."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    result: outcome.Outcome | None = None
+    #: The request stopped waiting: a write not yet sent is then not sent at all.
+    abandoned: bool = False
 
 
 class WriteBudget:
@@ -91,6 +125,18 @@ class WriteBudget:
         )
         self._flusher_wakeup = trio.Event()
         self._share_moved = trio.Event()
+        self._carriers: trio.Nursery | None = None
+        #: Writes admitted and not yet ended (sent or not), and who waits for none to be left.
+        self._under_way = 0
+        self._all_landed = trio.Event()
+        self._all_landed.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Carry admitted writes to the target until cancelled (see the module docstring)."""
+        async with trio.open_nursery() as nursery:
+            self._carriers = nursery
+            task_status.started()
+            await trio.sleep_forever()
 
     # -- the window ------------------------------------------------------------------------
 
@@ -168,26 +214,98 @@ class WriteBudget:
     def waiting(self) -> int:
         return self.gate.waiting
 
-    async def write(self, nodeid: int, nbytes: int, send: Callable[[], Awaitable[int]]) -> int:
-        """Admit *nbytes* for *nodeid*, run *send* (the pwrite), and account for what it wrote."""
-        waited = await self.gate.admit(nbytes)
+    async def write(
+        self,
+        nodeid: int,
+        nbytes: int,
+        send: Callable[[], Awaitable[int]],
+        *,
+        order: trio.Lock | None = None,
+        ended: Callable[[], None] | None = None,
+    ) -> int:
+        """Admit *nbytes* for *nodeid*, run *send* (the pwrite) in a task of :meth:`run`, one at
+        a time per *order*, and account for what it wrote. *ended* is called once the write
+        has ended, landed or not (also when the request stopped waiting for it first)."""
+        assert self._carriers is not None, "WriteBudget.run is not running"
+        try:
+            waited = await self.gate.admit(nbytes)
+        except BaseException:
+            if ended is not None:
+                ended()
+            raise
         if waited and self.on_admission_wait is not None:
             self.on_admission_wait(waited)
+        carried = _Carried()
+        self._begin()
+        self._carriers.start_soon(self._carry, nodeid, nbytes, send, order, ended, carried)
         try:
-            written = await send()
-        except BaseException as exc:
+            await carried.done.wait()
+        except BaseException:
+            carried.abandoned = True  # the carrier keeps it counted until its call has ended
+            raise
+        assert carried.result is not None
+        return carried.result.unwrap()  # type: ignore[no-any-return]
+
+    async def _carry(
+        self,
+        nodeid: int,
+        nbytes: int,
+        send: Callable[[], Awaitable[int]],
+        order: trio.Lock | None,
+        ended: Callable[[], None] | None,
+        carried: _Carried,
+    ) -> None:
+        sent = False
+        try:
+            async with order if order is not None else _NO_ORDER:
+                if carried.abandoned:
+                    raise _NotSent
+                self.ledger.sending(nodeid, nbytes)
+                sent = True
+                written = await send()
+        except _NotSent:
             self.ledger.unreserve(nbytes)
+            self.gate.wake()
+        except trio.Cancelled:
+            # A shutdown that stopped waiting for the target: the call may still land, so its
+            # bytes stay counted (and the file named) rather than pass for synced.
+            if not sent:
+                self.ledger.unreserve(nbytes)
+            carried.result = outcome.Error(OSError(errno.EIO, "the write was abandoned"))
+            raise
+        except BaseException as exc:
+            self.ledger.unsent(nodeid, nbytes)
             self.gate.wake()
             if isinstance(exc, OSError) and exc.errno is not None:
                 self.ledger.lost_data(nodeid, exc.errno)
-            raise
-        self.ledger.written(nodeid, nbytes, written, trio.current_time())
-        if written != nbytes:
-            self.gate.wake()
-        state = self.ledger.file(nodeid)
-        if state is not None and state.dirty >= self.trigger():
-            self.wake_flusher()
-        return written
+            carried.result = outcome.Error(exc)
+        else:
+            self.ledger.written(nodeid, nbytes, written, trio.current_time())
+            if written != nbytes:
+                self.gate.wake()
+            state = self.ledger.file(nodeid)
+            if state is not None and state.dirty >= self.trigger():
+                self.wake_flusher()
+            carried.result = outcome.Value(written)
+        finally:
+            if ended is not None:
+                ended()
+            carried.done.set()
+            self._end()
+
+    def _begin(self) -> None:
+        self._under_way += 1
+        if self._under_way == 1:
+            self._all_landed = trio.Event()
+
+    def _end(self) -> None:
+        self._under_way -= 1
+        if self._under_way == 0:
+            self._all_landed.set()
+
+    async def landed(self) -> None:
+        """Wait until every admitted write has ended: landed on the target, or failed."""
+        await self._all_landed.wait()
 
     def discard(self, nodeid: int) -> None:
         """The file's un-synced data needs no fsync any more (last name gone, truncated)."""

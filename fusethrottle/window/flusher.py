@@ -383,8 +383,10 @@ class Flusher:
     async def flush_all(self, reason: str = "unmount") -> list[int]:
         """fsync every file with un-synced data and wait; returns node ids still un-synced.
 
-        Failed files get three attempts, ignoring their retry backoff.
+        Failed files get three attempts, ignoring their retry backoff. Writes still under way
+        land first: a sync that began before them would not cover them.
         """
+        await self.budget.landed()
         for _ in range(3):
             await self._settle()
             dirty = self.ledger.all_dirty()

@@ -3,15 +3,20 @@
 Pure bookkeeping, no I/O and no clock reads (``now`` is passed in), so it is tested exhaustively
 with a Hypothesis state machine. Called only from the event loop; each method is atomic.
 
-A file's bytes move through three states::
+A file's bytes move through these states::
 
-    reserve(n)        admitted by the gate, write() in flight     -> ``reserved`` (mount-wide)
+    reserve(n)        admitted by the gate                        -> ``reserved`` (mount-wide)
+    sending(id, n)    its call to the target started              -> also file.sending
     written(id, n)    the target accepted the write               -> file.dirty
+    unsent(id, n)     the call failed, or never started           -> gone
     begin_sync(id)    an fsync started: dirty is handed to it     -> file.syncing
     end_sync(id, ok)  success: gone; failure: back to dirty, error kept for the application
 
 ``unsynced`` = reserved + every file's dirty + syncing. That is the quantity the window bounds:
-data the kernel may still hold as Dirty/Writeback pages on behalf of this mount.
+data the kernel may still hold as Dirty/Writeback pages on behalf of this mount. A write's bytes
+stay reserved until the call that carries them has ended, whoever stopped waiting for it: a
+call still running in a worker thread may yet land on the target. ``file.sending`` names the
+file they belong to, so that a stop that cannot wait for them says which file is incomplete.
 
 Error semantics follow the kernel's errseq model: a failed fsync's errno is kept on the file and
 handed out once, to the next write, fsync or close of that file (:meth:`take_error`).
@@ -57,6 +62,8 @@ class FileState:
     nodeid: int
     dirty: int = 0
     syncing: int = 0
+    #: Bytes whose write to the target is under way (counted in the mount's ``reserved``).
+    sending: int = 0
     dirty_since: float | None = None
     syncing_since: float | None = None
     error: int | None = None
@@ -66,7 +73,8 @@ class FileState:
 
     @property
     def unsynced(self) -> int:
-        return self.dirty + self.syncing
+        """Bytes of this file that may not be durable on the target yet."""
+        return self.dirty + self.syncing + self.sending
 
     def oldest(self) -> float | None:
         times = [t for t in (self.dirty_since, self.syncing_since) if t is not None]
@@ -131,10 +139,28 @@ class Ledger:
         self.reserved += nbytes
 
     def unreserve(self, nbytes: int) -> None:
+        """An admitted write that never went to the target."""
         self.reserved = max(0, self.reserved - nbytes)
+
+    def sending(self, nodeid: int, nbytes: int) -> None:
+        """The call carrying *nbytes* reserved for *nodeid* started: they are the file's now,
+        and stay counted until :meth:`written` or :meth:`unsent` says how it ended."""
+        self._state(nodeid).sending += nbytes
+
+    def unsent(self, nodeid: int, nbytes: int) -> None:
+        """The call carrying *nbytes* for *nodeid* failed: nothing of them reached the target."""
+        self._end_sending(nodeid, nbytes)
+        self.unreserve(nbytes)
+
+    def _end_sending(self, nodeid: int, nbytes: int) -> None:
+        state = self.files.get(nodeid)
+        if state is not None and state.sending:
+            state.sending = max(0, state.sending - nbytes)
+            self._gc(state)
 
     def written(self, nodeid: int, reserved: int, nbytes: int, now: float) -> None:
         """The target accepted *nbytes* of a write that had reserved *reserved*."""
+        self._end_sending(nodeid, reserved)
         self.unreserve(reserved)
         if nbytes <= 0:
             return
@@ -304,7 +330,7 @@ class Ledger:
             unsynced=self.unsynced,
             reserved=self.reserved,
             syncing=sum(s.syncing for s in self.files.values()),
-            dirty_files=sum(1 for s in self.files.values() if s.unsynced > 0),
+            dirty_files=sum(1 for s in self.files.values() if s.dirty + s.syncing > 0),
             oldest_age=max(ages) if ages else 0.0,
             written_total=self.written_total,
             synced_total=self.synced_total,

@@ -327,6 +327,22 @@ def link_up() -> None:
     wait_server_answers()
 
 
+@contextlib.contextmanager
+def slow_link(bytes_per_second: int) -> Iterator[None]:
+    """Client 1's link to the server carries at most *bytes_per_second* inside the block (a
+    token bucket on its egress, where the WRITEs go). Only on the unshaped profiles."""
+    rate = f"{bytes_per_second * 8}bit"
+    subprocess.run(
+        [*CLIENT_LINK, "add", "dev", "ftcli", "root", "tbf", "rate", rate, "burst", "256kb",
+         "latency", "5s"],
+        check=True,
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        link_up()
+
+
 #: How the server goes away: knfsd stopped (connections refused), or the link drops everything.
 OUTAGES = {"server": (server_stop, server_start), "link": (link_down, link_up)}
 
