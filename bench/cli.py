@@ -80,6 +80,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--repeats", type=int)
     r.add_argument("--victim", choices=VICTIMS)
     r.add_argument("--victim-interval", type=parse_duration)
+    r.add_argument(
+        "--victim-working-set",
+        type=float,
+        help="db neighbour: its data file, as a fraction of the shared cgroup (default 0.5; "
+        "above 1 the database is larger than its memory and reads from disk all the time)",
+    )
     r.add_argument("--cgroup-mem", type=_size_or_none, help="shared memory cgroup limit or none")
     r.add_argument(
         "--daemon-in-cgroup",
@@ -133,6 +139,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         repeats=args.repeats,
         victim=args.victim,
         victim_interval=args.victim_interval,
+        victim_working_set=args.victim_working_set,
         cgroup_mem=args.cgroup_mem,
         daemon_in_cgroup=args.daemon_in_cgroup,
         idle=args.idle,
@@ -159,6 +166,7 @@ def plan_record(plan: Plan) -> dict[str, object]:
         "repeats": plan.repeats,
         "victim": plan.victim,
         "victim_interval": plan.victim_interval,
+        "victim_working_set": plan.victim_working_set,
         "cgroup_mem_mib": plan.cgroup_mem // (1 << 20),
         "daemon_in_cgroup": plan.daemon_in_cgroup,
         "idle_seconds": plan.idle_seconds,

@@ -366,6 +366,8 @@ class Plan:
     repeats: int = 1
     victim: str = "fdatasync"
     victim_interval: float = 0.010
+    #: The db neighbour's data file as a fraction of the shared cgroup's limit.
+    victim_working_set: float = 0.5
     cgroup_mem: int = 0  # 0: no shared memory cgroup
     daemon_in_cgroup: bool = True
     idle_seconds: float = 30.0

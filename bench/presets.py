@@ -205,6 +205,7 @@ def build_plan(
     repeats: int | None = None,
     victim: str | None = None,
     victim_interval: float | None = None,
+    victim_working_set: float | None = None,
     cgroup_mem: int | None = None,
     daemon_in_cgroup: bool | None = None,
     idle: float | None = None,
@@ -253,6 +254,7 @@ def build_plan(
         victim_interval=victim_interval
         if victim_interval is not None
         else (0.02 if smoke else 0.01),
+        victim_working_set=0.5 if victim_working_set is None else victim_working_set,
         cgroup_mem=p.cgroup_mem[scale] if cgroup_mem is None else cgroup_mem,
         daemon_in_cgroup=True if daemon_in_cgroup is None else daemon_in_cgroup,
         idle_seconds=p.idle[scale] if idle is None else idle,

@@ -485,9 +485,11 @@ class Runner:
         cmd = [*self.python, "bench.victim", "--path", str(path), "--mode", plan.victim]
         cmd += ["--log", str(log_path)]
         if plan.victim == "db":
-            # Back to back (its throughput is the measure); a working set of half the cgroup,
-            # which the filler has made full of cache before the first transaction.
-            cmd += ["--interval", "0", "--working-set", str(plan.cgroup_mem // 2)]
+            # Back to back (its throughput is the measure); a working set of a share of the
+            # cgroup (half by default), which the filler has made full of cache before the
+            # first transaction; over 1, it never fits and every transaction reads from disk.
+            working_set = int(plan.cgroup_mem * plan.victim_working_set)
+            cmd += ["--interval", "0", "--working-set", str(working_set)]
             if plan.cgroup_mem:
                 self._make_fill(fill, plan.cgroup_mem)
                 cmd += ["--fill", str(fill)]
