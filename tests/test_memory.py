@@ -25,6 +25,8 @@ from conftest import MakeMount
 from mount_util import FUSETHROTTLE, start_fusethrottle
 from slow_target import SlowTarget, skip_reason, slow_target
 
+from bench.system import resident_bytes
+
 MiB = 1 << 20
 MEMORY = Path("/sys/fs/cgroup/memory")
 
@@ -194,7 +196,8 @@ def test_in_a_shared_cgroup_synced_data_is_dropped_unless_told_to_keep_it(
     copies of the backup are both charged to the container. By default they are dropped as
     the target commits them; with drop_synced=no they stay."""
     cached: dict[str, int] = {}
-    variants = {"drop": ["memory_cgroup=off"], "keep": ["memory_cgroup=off", "drop_synced=no"]}
+    shared = ["memory_cgroup=off", "target_io=buffered"]  # the target's page cache in it too
+    variants = {"drop": shared, "keep": [*shared, "drop_synced=no"]}
     for label, options in variants.items():
         source = target.mountpoint / f"backups-{label}"
         source.mkdir()
@@ -247,7 +250,9 @@ def test_an_injected_sync_puts_pieces_under_writeback_not_the_batch(
     target's alone."""
     target.throttle(8 * MiB)
     peaks: dict[str, int] = {}
-    base = ["memory_cgroup=off", "writeback_cache=no", "mode=static", "window=64M", "batch=32M"]
+    # The target's page cache in the shared cgroup: the daemon writes through it.
+    base = ["memory_cgroup=off", "target_io=buffered", "writeback_cache=no"]
+    base += ["mode=static", "window=64M", "batch=32M"]
     for label, extra in (("pieces", []), ("whole", ["writeback_pieces=no"])):
         source = target.mountpoint / f"backups-{label}"
         source.mkdir()
@@ -267,3 +272,71 @@ def test_an_injected_sync_puts_pieces_under_writeback_not_the_batch(
         assert sha256_of(source / "backup.bin") == first
     assert peaks["pieces"] <= 8 * MiB, peaks
     assert peaks["whole"] >= 16 * MiB, peaks
+
+
+@pytest.mark.parametrize("cache", ["auto", "yes"])
+def test_a_daemon_in_the_applications_cgroup_leaves_no_target_page_in_it(
+    target: SlowTarget, workdir: Path, payload: Path, cache: str
+) -> None:
+    """The container case (memory_cgroup=off: daemon, backup and application in one cgroup).
+    The application's reclaim in a cgroup-v1 cgroup waits for any page of it under write-back:
+    behind a slow target, for seconds. By default (target_io=auto) the daemon then writes to
+    the target with O_DIRECT, and its last partial pages through the cache, written back and
+    dropped at once: none of the target's pages stays in the cgroup, dirty, under write-back
+    or at all; and the mount goes without its writeback cache (writeback_cache=auto), whose
+    pages would wait for the target in the same cgroup. With target_io=buffered (the default
+    where the daemon has a cgroup of its own) the target's pages pile up there until synced."""
+    target.throttle(8 * MiB)
+    peaks: dict[str, int] = {}
+    base = ["memory_cgroup=off", "mode=static", "window=64M"]
+    if cache != "auto":
+        base.append(f"writeback_cache={cache}")
+    for label, extra in (("auto", []), ("buffered", ["target_io=buffered"])):
+        source = target.mountpoint / f"backups-{label}"
+        source.mkdir()
+        mnt = workdir / f"mnt-{label}"
+        mnt.mkdir()
+        with memory_cgroup(f"ft-direct-{label}") as container:
+            daemon = start_fusethrottle(source, mnt, base + extra, cgroup=container)
+            try:
+                with TargetCachePeak(source / "backup.bin") as sampler:
+                    # 48 MiB and a bit: the last page is a partial one.
+                    write_inside(container, payload, mnt / "backup.bin", 48)
+                    with open(mnt / "backup.bin", "ab") as f:
+                        f.write(b"tail" * 1000)
+                    assert daemon.stop() == 0
+            finally:
+                daemon.stop()
+            peaks[label] = sampler.peak
+            if label == "auto":
+                said = [line for line in daemon.log().splitlines() if "leave nothing" in line]
+                assert said, daemon.log()
+                assert ("without the writeback cache" in said[0]) == (cache == "auto"), said
+        with open(payload, "rb") as f:
+            expected = f.read(48 * MiB) + b"tail" * 1000
+        assert (source / "backup.bin").read_bytes() == expected
+    assert peaks["auto"] <= 1 * MiB, peaks
+    assert peaks["buffered"] >= 16 * MiB, peaks
+
+
+class TargetCachePeak:
+    """Largest share of the target's copy of a file in the page cache (mincore), every 10 ms:
+    pages the daemon's writes left there, charged to the daemon's memory cgroup."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, resident_bytes(self.path))
+
+    def __enter__(self) -> TargetCachePeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

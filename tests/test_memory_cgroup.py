@@ -6,6 +6,8 @@ from pathlib import Path
 
 from fusethrottle.service.memory_cgroup import (
     Hierarchy,
+    OwnMemoryCgroup,
+    direct_target_writes,
     find_hierarchy,
     in_memory_target,
     should_move,
@@ -68,3 +70,29 @@ def test_a_target_kept_in_memory_gets_no_limit_of_its_own() -> None:
         assert reason is not None and fstype in reason and "OOM" in reason
     for fstype in ("nfs4", "nfs", "ext4", "xfs", "fuse.sshfs"):
         assert in_memory_target(fstype) is None
+
+
+def _stayed(current: Path, root: Path = Path("/sys/fs/cgroup/memory")) -> OwnMemoryCgroup:
+    """A daemon that stayed in *current* (memory_cgroup=off, or the host refused)."""
+    cgroup = OwnMemoryCgroup(1 << 30, pid=42)
+    cgroup.hierarchy = Hierarchy(1, root, current)
+    return cgroup
+
+
+def test_writes_leave_the_target_uncached_exactly_where_its_cache_would_be_shared() -> None:
+    """The container case (the daemon stayed in the application's cgroup) writes uncached;
+    a cgroup of the daemon's own, a systemd unit's, the root (no limit: global reclaim, which
+    does not wait for write-back) or a target in memory go through the page cache."""
+    root = Path("/sys/fs/cgroup/memory")
+    pod = _stayed(root / "kubepods" / "pod7" / "db")
+    reason = direct_target_writes("auto", pod, None)
+    assert reason is not None and "kubepods/pod7/db" in reason
+    assert direct_target_writes("auto", _stayed(root), None) is None
+    assert direct_target_writes("auto", _stayed(root / "system.slice" / "x.service"), None) is None
+    moved = _stayed(root)
+    moved.path = root / "fusethrottle" / "42"  # it entered a cgroup of its own
+    assert direct_target_writes("auto", moved, None) is None
+    assert direct_target_writes("auto", pod, "SOURCE is on tmpfs") is None
+    assert direct_target_writes("auto", OwnMemoryCgroup(1 << 30), None) is None  # no hierarchy
+    assert direct_target_writes("buffered", pod, None) is None
+    assert direct_target_writes("direct", moved, None) == "target_io=direct"

@@ -67,6 +67,12 @@ def test_defaults_match_the_design() -> None:
     # Small writes reach the daemon coalesced; the kernel's share of the window is bounded.
     assert (config.writeback_cache, config.kernel_cache, config.xattrs) == (True, 32 * MiB, "auto")
     assert parse_options(["writeback_cache=no"]).writeback_cache is False
+    # auto (the default): on, unless the daemon shares its memory cgroup (decided at mount)
+    for items in ([], ["writeback_cache=auto"]):
+        auto = parse_options(items)
+        assert auto.writeback_cache is True and auto.writeback_cache_auto is True
+    assert parse_options(["writeback_cache=yes"]).writeback_cache_auto is False
+    assert parse_options(["target_io=direct"]).target_io == "direct"
 
 
 def test_memory_options_and_the_own_cgroups_limit() -> None:

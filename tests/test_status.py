@@ -120,6 +120,19 @@ def test_format_status_of_a_quiet_mount(snapshot: dict[str, Any]) -> None:
     assert "metered 100.0 MiB/s (0% used), ops 7.0k units/s (0% used)" in text
 
 
+def test_status_says_where_the_targets_cache_goes_in_the_container_case(
+    snapshot: dict[str, Any],
+) -> None:
+    """A daemon that stayed in the application's cgroup writes uncached: status says so."""
+    snapshot.update(memory_cgroup_own=False, memory_cgroup="memory_cgroup=off")
+    snapshot["target_writes_uncached"] = "the daemon shares the memory cgroup /kubepods/db"
+    text = format_status(snapshot)
+    assert "in the cgroup it started in: memory_cgroup=off" in text
+    assert "writes leave no page in the target's cache (O_DIRECT)" in text
+    snapshot["target_writes_uncached"] = ""
+    assert "O_DIRECT" not in format_status(snapshot)
+
+
 # What docs/METRICS.md shows, as the daemon would send it (up 2h14m, on the status of a busy
 # backup). Written out by hand rather than taken from Metrics, so the documented screen is pinned
 # to the view alone.

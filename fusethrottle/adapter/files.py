@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
 from typing import Any
@@ -16,8 +17,11 @@ import trio
 
 from ..metering.meter import OpClass
 from ..target.credentials import Caller
+from ..target.target_calls import DIRECT_ALIGN
 from .inodes import Inode
 from .requests import CAPABILITY_TTL, LET_GO_WAIT, FileHandle, let_go_races, replies
+
+log = logging.getLogger(__name__)
 
 
 class FileOps:
@@ -167,13 +171,14 @@ class FileOps:
 
         async def send() -> int:
             """Runs in the budget's carrier: also after the request stopped waiting for it."""
+            uncached = await self._uncached_fd(handle, off, len(buf))
             written = await self.backend.pwrite(
-                handle.caller, handle.fd, buf, off, handle.direct, drop
+                handle.caller, handle.fd, buf, off, handle.direct, drop, uncached
             )
             if self.enable_writeback_cache and written < len(buf):
                 # The kernel takes the count of a write-back reply for all of it: short would
                 # be a silently short file. Write the rest, or fail the whole request.
-                written = await self._write_rest(handle, buf, off, written, failed)
+                written = await self._write_rest(handle, buf, off, written, failed, uncached)
             node.note_written(off, written)
             if node.shown_size is not None:
                 node.shown_size = max(node.shown_size, off + written)  # the kernel's grew too
@@ -207,15 +212,45 @@ class FileOps:
             raise failed[0]  # ... and the request fails all the same
         return written
 
+    async def _uncached_fd(self, handle: FileHandle, off: int, size: int) -> int | None:
+        """With target_io=direct, the descriptor whole pages of this write go through (see
+        backend.pwrite's *uncached*); None: write through the target's page cache. Opened at
+        the file's first whole-page write: a small file never needs one (on NFS an open is a
+        round trip)."""
+        if not self.target_direct or handle.direct:
+            return None
+        if handle.direct_fd is None and off % DIRECT_ALIGN == 0 and size >= DIRECT_ALIGN:
+            handle.direct_fd = await self.backend.open_direct(handle.caller, handle.fd)
+            if handle.direct_fd < 0 and not self._told_no_direct_io:
+                self._told_no_direct_io = True
+                log.info(
+                    "target_io=direct: the target has no direct I/O (%s); its pages are "
+                    "written back and dropped after each write instead",
+                    self.inodes.path(handle.inode.nodeid),
+                )
+        return handle.direct_fd if handle.direct_fd is not None else -1
+
     async def _write_rest(
-        self, handle: FileHandle, buf: bytes, off: int, written: int, failed: list[OSError]
+        self,
+        handle: FileHandle,
+        buf: bytes,
+        off: int,
+        written: int,
+        failed: list[OSError],
+        uncached: int | None,
     ) -> int:
         """Continue a short write-back write; an error ends it in *failed* (what it wrote
         still counts)."""
         while written < len(buf):
             try:
                 n = await self.backend.pwrite(
-                    handle.caller, handle.fd, buf[written:], off + written, handle.direct, False
+                    handle.caller,
+                    handle.fd,
+                    buf[written:],
+                    off + written,
+                    handle.direct,
+                    False,
+                    uncached,
                 )
             except OSError as err:
                 failed.append(err)
@@ -252,6 +287,8 @@ class FileOps:
             return
         node = handle.inode
         node.open_handles -= 1
+        for fd in handle.extra_fds():  # nothing of the target's cache in them to sync
+            self.backend.close_soon(fd, node.nodeid)
         if node.removed is not None and node.open_handles == 0 and not node.detached:
             # Unlinked while open: its data needs no sync, and on NFS the file lives on as a
             # .nfsXXXXXXXX while anything holds it. Let go of it now, as NFS does at the last

@@ -64,6 +64,7 @@ class Operations(NameOps, FileOps, AttrOps, DirOps, pyfuse3.Operations):
         target_xattrs: bool = True,
         callers: Callers | None = None,
         killpriv_v2: KillprivV2 | None = None,
+        target_direct: bool = False,
     ) -> None:
         super().__init__()
         self.killpriv_v2 = killpriv_v2
@@ -84,6 +85,9 @@ class Operations(NameOps, FileOps, AttrOps, DirOps, pyfuse3.Operations):
         # its security.capability question (one round trip per write()) off the write path.
         self.offer_xattrs = offer_xattrs
         self._drop_capabilities = not offer_xattrs and target_xattrs
+        #: Writes leave nothing in the target's page cache (target_io, see files.py).
+        self.target_direct = target_direct
+        self._told_no_direct_io = False
         self.events = events or NullEvents()
         self.callers = callers or Callers(switching=False)
         self.closing = False

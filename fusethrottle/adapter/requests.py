@@ -49,6 +49,14 @@ class FileHandle:
     #: without O_DIRECT): they carry data nobody else holds, on nobody's behalf, and are never
     #: answered early, whatever becomes of the opener (a failed write-back drops the pages).
     write_back: bool = False
+    #: The same file opened again with O_DIRECT, for writes that leave nothing in the target's
+    #: page cache (target_io=direct): None until the first whole-page write, -1 where the
+    #: target has no direct I/O. Closed with the handle.
+    direct_fd: int | None = None
+
+    def extra_fds(self) -> list[int]:
+        """Descriptors besides ``fd`` to close with the handle."""
+        return [self.direct_fd] if self.direct_fd is not None and self.direct_fd >= 0 else []
 
 
 @dataclass(eq=False)

@@ -196,7 +196,11 @@ def _memory_lines(s: dict[str, Any]) -> list[str]:
         first = f"  memory       in the cgroup it started in: {why}"
     first = first if len(first) <= 110 else first[:107] + "..."
     drops = s.get("page_cache_drops", 0)
-    return [first, f"               {drops} synced range(s) dropped from the page cache"]
+    lines = [first]
+    if s.get("target_writes_uncached"):
+        lines.append("               writes leave no page in the target's cache (O_DIRECT)")
+    lines.append(f"               {drops} synced range(s) dropped from the page cache")
+    return lines
 
 
 def _ceilings(m: dict[str, Any], r: dict[str, Any]) -> str:

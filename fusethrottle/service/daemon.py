@@ -13,6 +13,7 @@ SIGINT), runs in one order:
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import logging
 import math
@@ -30,7 +31,7 @@ from ..adapter.kernel_pages import find_fuse_device_fd
 from ..metering.meter import Meter, profile_for
 from ..trio_compat import ABANDON_KW as _ABANDON_KW
 from . import sdnotify
-from .memory_cgroup import OwnMemoryCgroup, in_memory_target
+from .memory_cgroup import OwnMemoryCgroup, direct_target_writes, in_memory_target
 from .mount import Mount, build, fuse_options, raise_fd_limit
 from .mountinfo import containing_mount, find_mount, mounts
 from .options import Config, memory_cgroup_limit
@@ -169,6 +170,12 @@ class Daemon:
             )
         elif cgroup is not None and cgroup.reason:
             log.info("the daemon stays in its memory cgroup: %s", cgroup.reason)
+        if self.mount.direct_writes is not None:
+            log.info(
+                "writes leave nothing in the target's page cache (%s)%s",
+                self.mount.direct_writes,
+                "" if self.mount.config.writeback_cache else ", without the writeback cache",
+            )
         sdnotify.notify("READY=1")
         if self.on_ready is not None:
             self.on_ready()
@@ -384,15 +391,24 @@ def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
     in_memory = in_memory_target(source_mount.fstype) if source_mount is not None else None
     if config.memory_cgroup != "auto":
         own_cgroup.reason = "memory_cgroup=off"
+        own_cgroup.locate()  # where it stays: shared with others or not (target_io=auto)
     elif in_memory:
         own_cgroup.reason = in_memory
     else:
         own_cgroup.enter()
+    direct_writes = direct_target_writes(config.target_io, own_cgroup, in_memory)
+    if direct_writes is not None and config.writeback_cache_auto and config.writeback_cache:
+        # The mount's own cache is the writer's, charged to the same shared cgroup: its pages
+        # wait dirty and under write-back for the slow target there too, and reclaim throttles
+        # on them (cgroup v1: 100 ms at a time). Without it every write() waits for the target
+        # itself, and nothing of the backup waits for the target in the cgroup.
+        config = dataclasses.replace(config, writeback_cache=False)
     try:
         meter = Meter(profile_for(config))  # one per mount: the ceilings' and the metrics'
         events, observer, extra = attach_metrics(config, meter)
-        mount = build(config, events, observer, meter)
+        mount = build(config, events, observer, meter, direct_writes)
         mount.memory_cgroup = own_cgroup
+        mount.direct_writes = direct_writes
         daemon = Daemon(mount, on_ready)
         daemon.extra_tasks = extra(mount)
         try:

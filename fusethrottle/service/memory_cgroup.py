@@ -83,13 +83,19 @@ def find_hierarchy(proc_cgroup: str, mounts: list[MountInfo]) -> Hierarchy | Non
     return None
 
 
+def own_unit(hierarchy: Hierarchy) -> bool:
+    """Whether the cgroup this process is in is a systemd service's or mount unit's, which
+    holds the daemon alone."""
+    return hierarchy.current != hierarchy.root and hierarchy.current.name.endswith(SYSTEMD_UNITS)
+
+
 def should_move(hierarchy: Hierarchy, pid: int) -> str | None:
     """Why the daemon must not move (None: move). A systemd service or mount unit (fstab's
     ``fuse.fusethrottle`` lines run the daemon in the .mount unit) already has a cgroup of its
     own, and systemd must keep finding its process there. Being alone in a cgroup now says
     nothing: a container starts its backup sidecar first and its database next."""
     name = hierarchy.current.name
-    if hierarchy.current != hierarchy.root and name.endswith(SYSTEMD_UNITS):
+    if own_unit(hierarchy):
         return f"a systemd unit has a memory cgroup of its own ({hierarchy.current})"
     if hierarchy.current.parent.name == PARENT_NAME and name == str(pid):
         return f"already in {hierarchy.current}"
@@ -126,16 +132,23 @@ class OwnMemoryCgroup:
         self.path: Path | None = None  # set while the daemon is inside
         self.reason = ""  # why not, when it stayed
 
+    def locate(self) -> str | None:
+        """Find the memory hierarchy and where the daemon sits in it (:attr:`hierarchy`);
+        why not, if it cannot be known."""
+        try:
+            self.hierarchy = find_hierarchy(Path("/proc/self/cgroup").read_text(), mounts())
+        except OSError as err:
+            return f"cannot read the cgroup layout: {err.strerror}"
+        return None if self.hierarchy is not None else "no memory cgroup hierarchy is mounted"
+
     def enter(self) -> bool:
         """Create the cgroup and move the whole process into it; False (with :attr:`reason`)
         when the host does not allow it."""
-        try:
-            hierarchy = find_hierarchy(Path("/proc/self/cgroup").read_text(), mounts())
-        except OSError as err:
-            return self._stay(f"cannot read the cgroup layout: {err.strerror}")
-        if hierarchy is None:
-            return self._stay("no memory cgroup hierarchy is mounted")
-        self.hierarchy = hierarchy
+        why_not = self.locate()
+        if why_not is not None:
+            return self._stay(why_not)
+        hierarchy = self.hierarchy
+        assert hierarchy is not None
         why = should_move(hierarchy, self.pid)
         if why:
             return self._stay(why)
@@ -156,6 +169,14 @@ class OwnMemoryCgroup:
             return self._stay(f"cannot use {path}: {err.strerror or err}")
         self.path = path  # the daemon says so once it is mounted
         return True
+
+    def shared(self) -> bool:
+        """Whether the target's page cache would be charged to a memory cgroup the daemon
+        shares with others: it stayed where it was started, in a cgroup that is neither the
+        hierarchy's root (no limit: reclaim there is global, which never waits for write-back)
+        nor a systemd unit of its own."""
+        h = self.hierarchy
+        return self.path is None and h is not None and h.current != h.root and not own_unit(h)
 
     def usage(self) -> int | None:
         """Bytes charged to the cgroup now (None when not inside one, or unreadable)."""
@@ -213,3 +234,21 @@ def _remove_stale(parent: Path) -> None:
             except OSError as err:
                 if err.errno not in (errno.EBUSY, errno.ENOENT):
                     log.debug("stale memory cgroup %s: %s", child, err.strerror)
+
+
+def direct_target_writes(mode: str, cgroup: OwnMemoryCgroup, in_memory: str | None) -> str | None:
+    """Why the daemon writes to the target uncached (target_io, see target_calls
+    _pwrite_uncached), or None: through the target's page cache (pure).
+
+    ``auto`` writes uncached exactly where the target's page cache would be charged to a memory
+    cgroup shared with the application (the container case, or memory_cgroup=off): there the
+    application's reclaim meets the target's pages under write-back and, in cgroup v1, waits
+    for them (seconds behind a slow target). Nowhere else is it needed: in a cgroup of the
+    daemon's own the application never reclaims them, and a target in memory has no
+    write-back."""
+    if mode == "direct":
+        return "target_io=direct"
+    if mode == "buffered" or in_memory is not None or not cgroup.shared():
+        return None
+    assert cgroup.hierarchy is not None
+    return f"the daemon shares the memory cgroup {cgroup.hierarchy.current} with others"

@@ -60,6 +60,8 @@ class Mount:
     memory_cgroup: OwnMemoryCgroup | None = None
     #: This mount's part of a fleet budget (budget=redis://...), drawn from by the ceilings.
     fleet: FleetShare | None = None
+    #: Why writes leave nothing in the target's page cache (None: they go through it).
+    direct_writes: str | None = None
 
 
 def build(
@@ -67,12 +69,17 @@ def build(
     events: Events | None = None,
     observer: Callable[[str, int], None] | None = None,
     meter: Meter | None = None,
+    direct_writes: str | None = None,
 ) -> Mount:
     """Assemble a mount's parts; the root of SOURCE is opened here (it must exist).
 
     *meter*: the mount's one Meter, when the caller already counts into it (the metrics' target
-    observer does); otherwise one is made from the config's profile.
+    observer does); otherwise one is made from the config's profile. *direct_writes*: why
+    writes leave nothing in the target's page cache (memory_cgroup.direct_target_writes), None
+    when they go through it (target_io=direct asks for it without a reason).
     """
+    if direct_writes is None and config.target_io == "direct":
+        direct_writes = "target_io=direct"
     events = events or NullEvents()
     if meter is None:
         meter = Meter(profile_for(config))
@@ -162,6 +169,7 @@ def build(
         # The target does the set-ID and capability removal itself only when it sees the
         # writer: calls made as the caller, or a mount nobody but the daemon's user writes to.
         killpriv_v2=KillprivV2() if switching or not config.allow_other else None,
+        target_direct=direct_writes is not None,
     )
     return Mount(
         config,
@@ -179,6 +187,7 @@ def build(
         kernel_pages,
         KernelEntries(inodes, bounds, busy),
         fleet=fleet,
+        direct_writes=direct_writes,
     )
 
 

@@ -125,6 +125,7 @@ METER_PROFILES = tuple(PROFILES)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 XATTR_MODES = ("auto", "on", "off")
 MEMORY_CGROUP_MODES = ("auto", "off")
+TARGET_IO_MODES = ("auto", "buffered", "direct")
 #: Whom calls to the target run as (credentials.py): the process that asked, or the daemon.
 CREDENTIAL_MODES = ("caller", "daemon")
 #: Who decides whether a caller may: the kernel, from the attributes (default_permissions), or
@@ -147,6 +148,9 @@ class Config:
     read_only: bool = False
     attr_timeout: float = 1.0
     writeback_cache: bool = True
+    #: Not set by the user (writeback_cache=auto): turned off where the daemon shares its
+    #: memory cgroup with the application (see service.daemon.serve).
+    writeback_cache_auto: bool = True
     kernel_cache: int = 32 * MiB
     read_ahead: int = 4 * MiB
     xattrs: str = "auto"
@@ -159,6 +163,7 @@ class Config:
     memory_cgroup_limit: int = 0  # 0: window_max + MEMORY_CGROUP_HEADROOM
     writeback_pieces: bool = True
     drop_synced: bool = True
+    target_io: str = "auto"
     kernel_options: tuple[str, ...] = ()
     # admission
     mode: str = "adaptive"
@@ -272,6 +277,7 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "permissions": _choice(PERMISSION_MODES),
     "memory_cgroup": _choice(MEMORY_CGROUP_MODES),
     "memory_cgroup_limit": parse_size,
+    "target_io": _choice(TARGET_IO_MODES),
     "mode": _choice(MODES),
     "batch": parse_size,
     "window": parse_size,
@@ -329,7 +335,13 @@ def parse_options(items: Iterable[str], **base: object) -> Config:
             continue
         if key == "default_permissions" and not eq:
             continue  # always on
+        if key == "writeback_cache" and raw == "auto":
+            values.pop(key, None)  # the default: decided with the daemon's placement
+            values["writeback_cache_auto"] = True
+            continue
         if key in _BOOLEAN:
+            if key == "writeback_cache":
+                values["writeback_cache_auto"] = False
             if eq and raw not in ("1", "0", "yes", "no", "true", "false"):
                 raise OptionError(f"option {key}: expected no value or yes/no, got {raw!r}")
             values[key] = not eq or raw in ("1", "yes", "true")

@@ -45,7 +45,9 @@ from .target_calls import (
     _look_again,
     _lookup,
     _make,
+    _open_direct,
     _open_file,
+    _pwrite_uncached,
     _readlink,
     _setattr,
     close_all,
@@ -55,6 +57,12 @@ from .target_calls import (
 from .workers import WorkerPool
 
 T = TypeVar("T")
+
+
+def _close_if_open(fd: int) -> None:
+    if fd >= 0:
+        os.close(fd)
+
 
 O_PATH = os.O_PATH
 
@@ -373,8 +381,19 @@ class Backend(DeferredCloses):
         offset: int,
         direct: bool = False,
         drop_capability: bool = False,
+        uncached: int | None = None,
     ) -> int:
-        fn = _aligned_pwrite if direct else os.pwrite
+        """pwrite(2) on the target; *direct*: *fd* was opened with O_DIRECT (the application
+        asked for it); *uncached*: leave nothing in the target's page cache, writing whole
+        pages through this O_DIRECT descriptor (-1: the target has none), see
+        target_calls._pwrite_uncached."""
+        if uncached is not None and not direct:
+            direct_fd = uncached
+
+            def fn(fd: int, data: bytes, offset: int) -> int:
+                return _pwrite_uncached(fd, direct_fd, data, offset)
+        else:
+            fn = _aligned_pwrite if direct else os.pwrite
         if drop_capability:
             plain = fn
             credentials = self.credentials
@@ -391,6 +410,11 @@ class Backend(DeferredCloses):
         result = await self._run(self.data, caller, fn, fd, data, offset)
         self._seen("write", result)
         return result
+
+    async def open_direct(self, caller: Caller | None, fd: int) -> int:
+        """A descriptor of the file open as *fd*, with O_DIRECT, for writes that leave nothing
+        in the target's page cache (-1: the target has no direct I/O)."""
+        return await self._run(self.data, caller, _open_direct, fd, discard=_close_if_open)
 
     async def flush(
         self, caller: Caller | None, fd: int, want_stat: bool = False

@@ -12,6 +12,7 @@ import errno
 import mmap
 import os
 import stat
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -323,13 +324,66 @@ def _dir_stats(dir_fds: tuple[int, ...]) -> list[os.stat_result]:
     return stats
 
 
+_buffers = threading.local()
+
+
+def _aligned_buffer(size: int) -> mmap.mmap:
+    """This thread's page-aligned buffer (an anonymous mmap is one) of at least *size* bytes,
+    kept for the next call: a new mapping per write faults in every page again."""
+    buf: mmap.mmap | None = getattr(_buffers, "buf", None)
+    if buf is None or len(buf) < size:
+        if buf is not None:
+            buf.close()
+        buf = _buffers.buf = mmap.mmap(-1, max(size, ALIGNED_BUFFER))
+    return buf
+
+
 def _aligned_pwrite(fd: int, data: bytes, offset: int) -> int:
-    """O_DIRECT needs a page-aligned buffer; an anonymous mmap is one."""
+    """O_DIRECT needs a page-aligned buffer."""
     if not data:
         return 0
-    with mmap.mmap(-1, len(data)) as buf:
-        buf.write(data)
-        return os.pwritev(fd, [buf], offset)
+    buf = _aligned_buffer(len(data))
+    buf[: len(data)] = data
+    with memoryview(buf) as view, view[: len(data)] as part:
+        return os.pwritev(fd, [part], offset)
+
+
+#: Offsets and lengths a write to the target with O_DIRECT must be multiples of (the page
+#: size: what the writeback cache hands over, and enough for any device's logical block).
+DIRECT_ALIGN = 4096
+ALIGNED_BUFFER = 1 << 20
+
+
+def _open_direct(fd: int) -> int:
+    """A second descriptor of the file *fd* has open, for writes with O_DIRECT; -1 where the
+    target has no direct I/O (EINVAL: tmpfs before Linux 6.6, some FUSE file systems)."""
+    try:
+        return os.open(proc_path(fd), os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.EINVAL:
+            return -1
+        raise
+
+
+def _pwrite_uncached(fd: int, direct_fd: int, data: bytes, offset: int) -> int:
+    """Write *data* at *offset* leaving none of it in the target's page cache.
+
+    A whole run of pages goes through *direct_fd* (O_DIRECT): no page is made at all. Anything
+    else (a file's last partial page, an unaligned write without the writeback cache, a target
+    without direct I/O: *direct_fd* -1) is written through the page cache, written back and
+    waited for, then dropped: its pages are dirty or under write-back only during this call.
+    Reclaim in a memory cgroup the daemon shares with an application then never meets a page
+    of the target under write-back (cgroup v1 waits for it: seconds behind a slow target)."""
+    if direct_fd >= 0 and offset % DIRECT_ALIGN == 0 and len(data) % DIRECT_ALIGN == 0:
+        return _aligned_pwrite(direct_fd, data, offset)
+    written = os.pwrite(fd, data, offset)
+    if written > 0:
+        _libc.write_range_and_wait(fd, offset, written)
+        # Whole pages: the kernel keeps a partly covered one (it is clean now all the same).
+        first = offset - offset % DIRECT_ALIGN
+        end = -(-(offset + written) // DIRECT_ALIGN) * DIRECT_ALIGN
+        os.posix_fadvise(fd, first, end - first, os.POSIX_FADV_DONTNEED)
+    return written
 
 
 def _aligned_pread(fd: int, size: int, offset: int) -> bytes:

@@ -159,6 +159,8 @@ class Snapshot:
     names_dropped: int = 0
     capability_question: str = ""  # how often the kernel asks security.capability (init_flags)
     memory_cgroup: str = ""  # the daemon's own memory cgroup, or why it stayed where it was
+    #: Why writes leave nothing in the target's page cache ("": they go through it).
+    target_writes_uncached: str = ""
     memory_cgroup_own: bool = False
     memory_cgroup_usage_bytes: int | None = None
     memory_cgroup_limit_bytes: int = 0
@@ -222,7 +224,10 @@ def meter_totals(meter: Meter) -> dict[str, ClassTotals]:
 
 def _memory_facts(mount: Mount) -> dict[str, Any]:
     """Where the target's page cache is charged, and how much the mount dropped."""
-    out: dict[str, Any] = {"page_cache_drops": mount.kernel_pages.dropped_ranges}
+    out: dict[str, Any] = {
+        "page_cache_drops": mount.kernel_pages.dropped_ranges,
+        "target_writes_uncached": mount.direct_writes or "",
+    }
     cgroup: OwnMemoryCgroup | None = mount.memory_cgroup
     if cgroup is None:
         return out
