@@ -10,8 +10,9 @@ import pytest
 
 from bench.stall_stacks import StackSampler, classify, stall_waits
 
-# What /proc/PID/stack showed for the db neighbour frozen in a cgroup-v1 memory cgroup beside a
-# backup onto a slow ext4 target (kernel 6.18), and for the same neighbour sleeping.
+# Stacks written in the shape /proc/PID/stack has (offsets made up): a task whose page fault
+# charges a cgroup-v1 memory cgroup and waits in reclaim for a page under write-back, the path
+# mm/vmscan.c takes for legacy memcg reclaim; and a task asleep in nanosleep.
 RECLAIM_WAIT = """[<0>] folio_wait_bit_common+0x13c/0x350
 [<0>] folio_wait_writeback+0x2b/0x80
 [<0>] shrink_folio_list+0xcc6/0x1040

@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import subprocess
 import textwrap
 import threading
@@ -535,3 +536,40 @@ def test_with_permissions_target_nothing_the_target_refuses_gets_through(
         "write own": "ok",
     }
     assert others.read_text() == "theirs" and others.stat().st_mode & 0o777 == 0o644
+
+
+READ_ONLY_MEMBER = textwrap.dedent(
+    """
+    import os, sys
+    path = sys.argv[1]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+    os.write(fd, bytes(range(256)) * 4096)  # 1 MiB of whole pages: the O_DIRECT path
+    os.write(fd, b"tail" * 25)
+    os.close(fd)
+    """
+)
+
+
+@pytest.mark.mount
+@needs_switching
+def test_a_read_only_member_is_written_uncached_by_the_user_who_created_it(
+    make_mount: MakeMount, squashed_target: Path
+) -> None:
+    """tar extracts a read-only member by creating it with mode 0444 and writing through the
+    descriptor that open gave it; nobody else may open it for writing. Written uncached (the
+    container case's target_io), the daemon's second descriptor for O_DIRECT is refused for
+    that file: the write still succeeds, through the path that writes back and drops."""
+    mnt = make_mount(squashed_target, ("allow_other", "target_io=direct"))
+    member = mnt.mountpoint / "pg" / "readonly.bin"
+    result = subprocess.run(
+        [*as_user(BACKUP_USER), "/usr/bin/python3", "-c", READ_ONLY_MEMBER, str(member)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    on_target = squashed_target / "pg" / "readonly.bin"
+    assert on_target.read_bytes() == bytes(range(256)) * 4096 + b"tail" * 25
+    assert stat.S_IMODE(on_target.stat().st_mode) == 0o444
+    assert on_target.stat().st_uid == BACKUP_USER

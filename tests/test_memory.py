@@ -71,6 +71,8 @@ def memory_cgroup(name: str, limit: int = 1 << 30) -> Iterator[Path]:
                 (parent / "cgroup.procs").write_text(pid)
         with contextlib.suppress(OSError):
             (path / "memory.force_empty").write_text("0")
+        with contextlib.suppress(OSError):  # made by a daemon that saw this cgroup as its root
+            (path / "fusethrottle").rmdir()
         path.rmdir()
 
 
@@ -315,6 +317,60 @@ def test_a_daemon_in_the_applications_cgroup_leaves_no_target_page_in_it(
         with open(payload, "rb") as f:
             expected = f.read(48 * MiB) + b"tail" * 1000
         assert (source / "backup.bin").read_bytes() == expected
+    assert peaks["auto"] <= 1 * MiB, peaks
+    assert peaks["buffered"] >= 16 * MiB, peaks
+
+
+def test_a_daemon_inside_a_containers_cgroup_namespace_leaves_no_target_page_in_it(
+    target: SlowTarget, workdir: Path, payload: Path
+) -> None:
+    """A container as Kubernetes and Docker on cgroup v2 make one: a cgroup namespace whose root
+    is the container's cgroup, with its limit, and the memory hierarchy mounted from there. The
+    daemon, started there with its defaults, sees itself at the hierarchy's root (and, given the
+    right, makes a cgroup of its own below it, still under the container's limit): the
+    database's reclaim in the container would meet the target's pages all the same. It writes
+    to the target uncached and says whose limit it shares; with target_io=buffered the target's
+    pages pile up in the container."""
+    target.throttle(8 * MiB)
+    peaks: dict[str, int] = {}
+    for label, options in (
+        ("auto", "mode=static,window=64M"),
+        ("buffered", "mode=static,window=64M,target_io=buffered"),
+    ):
+        source = target.mountpoint / f"backups-{label}"
+        source.mkdir()
+        mnt = workdir / f"mnt-{label}"
+        mnt.mkdir()
+        log = workdir / f"daemon-{label}.log"
+        # The mount namespace is the container's too: the mount is used from inside it.
+        inside = (
+            "umount /sys/fs/cgroup/memory && mount -t cgroup -o memory ftcontainer "
+            "/sys/fs/cgroup/memory && "
+            f"{{ {FUSETHROTTLE} {source} {mnt} -f -o {options} > {log} 2>&1 & }} && "
+            f"for i in $(seq 300); do mountpoint -q {mnt} && break; sleep 0.1; done && "
+            f"dd if={payload} of={mnt}/backup.bin bs=1M count=48 status=none && "
+            "kill -TERM $! && wait $!"
+        )
+        with memory_cgroup(f"ft-ns-{label}") as container:
+            with TargetCachePeak(source / "backup.bin") as sampler:
+                done = subprocess.run(
+                    [
+                        "sh",
+                        "-c",
+                        f'echo $$ > {container}/cgroup.procs && exec "$@"',
+                        "sh",
+                        *("unshare", "--cgroup", "--mount", "--propagation", "private"),
+                        *("sh", "-c", inside),
+                    ],
+                    timeout=300,
+                )
+            peaks[label] = sampler.peak
+        said = log.read_text()
+        assert done.returncode == 0, said
+        if label == "auto":
+            assert "leave nothing" in said and "a container's" in said, said
+        with open(payload, "rb") as f:
+            assert sha256_of(source / "backup.bin") == hashlib.sha256(f.read(48 * MiB)).hexdigest()
     assert peaks["auto"] <= 1 * MiB, peaks
     assert peaks["buffered"] >= 16 * MiB, peaks
 

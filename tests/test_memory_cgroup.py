@@ -10,6 +10,8 @@ from fusethrottle.service.memory_cgroup import (
     direct_target_writes,
     find_hierarchy,
     in_memory_target,
+    parse_limit,
+    root_limit,
     should_move,
 )
 from fusethrottle.service.mountinfo import MountInfo
@@ -96,3 +98,36 @@ def test_writes_leave_the_target_uncached_exactly_where_its_cache_would_be_share
     assert direct_target_writes("auto", OwnMemoryCgroup(1 << 30), None) is None  # no hierarchy
     assert direct_target_writes("buffered", pod, None) is None
     assert direct_target_writes("direct", moved, None) == "target_io=direct"
+
+
+def test_inside_a_container_every_cgroup_the_daemon_can_use_shares_the_containers_limit() -> None:
+    """In a cgroup namespace (Kubernetes and Docker on cgroup v2) the daemon sees its container's
+    cgroup as the root: staying there, or in a cgroup of its own below it, its writes to the
+    target are charged under the container's limit, which the database's reclaim runs against.
+    So it writes uncached there, and says whose limit it shares."""
+    root = Path("/sys/fs/cgroup")
+    for cgroup in (_stayed(root, root), _stayed(root / "sidecar", root)):
+        cgroup.container_limit = 1 << 30
+        reason = direct_target_writes("auto", cgroup, None)
+        assert reason is not None and "1024 MiB" in reason and "container" in reason
+    moved = _stayed(root, root)
+    moved.container_limit = 1 << 30
+    moved.path = root / "fusethrottle" / "42"
+    assert direct_target_writes("auto", moved, None) is not None
+    assert direct_target_writes("buffered", moved, None) is None
+
+
+def test_a_limit_file_says_unlimited_as_each_version_writes_it() -> None:
+    assert parse_limit("max\n") is None
+    assert parse_limit("9223372036854771712\n") is None  # v1's unlimited
+    assert parse_limit("1073741824\n") == 1 << 30
+    assert parse_limit("") is None
+
+
+def test_the_roots_limit_is_read_where_the_version_keeps_it(tmp_path: Path) -> None:
+    """The host's v2 root has no memory.max at all; a container's root has its limit."""
+    assert root_limit(Hierarchy(2, tmp_path, tmp_path)) is None
+    (tmp_path / "memory.max").write_text("536870912\n")
+    assert root_limit(Hierarchy(2, tmp_path, tmp_path)) == 512 << 20
+    (tmp_path / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert root_limit(Hierarchy(1, tmp_path, tmp_path)) is None

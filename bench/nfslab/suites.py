@@ -44,17 +44,26 @@ NEIGHBOUR_SCHEDULE = "20M:8s,1M:16s,20M:8s"
 NEIGHBOUR_ARMS = "idle,direct,direct-bdi,ft-adaptive,ft-adaptive:memory_cgroup=off"
 
 
-def _neighbour(victim: str, repeats: int = 5) -> Command:
-    """``bench run`` in the client VM for one victim; its run directory is out/<victim>."""
+# Issue 36: the container case, the link dipping to a quarter of a MiB/s (the deeper the dip,
+# the longer a shared cgroup's reclaim waited for the backup's pages).
+CONTAINER_SCHEDULE = "20M:8s,256K:16s,20M:8s"
+
+
+def _neighbour(
+    victim: str, repeats: int = 5, schedule: str = NEIGHBOUR_SCHEDULE, name: str = ""
+) -> Command:
+    """``bench run`` in the client VM for one victim; its run directory is out/<name or
+    victim>."""
+    name = name or victim
     bench = (
         ".venv/bin/python -m bench run --preset db-degrade --target /mnt/nfs/rw "
         '--throttle "tc:$FTLAB_NET_DEV" --workdir "$FTLAB_VICTIM_DIR" '
-        f"--schedule {NEIGHBOUR_SCHEDULE} --arms {NEIGHBOUR_ARMS} --victim {victim} "
+        f"--schedule {schedule} --arms {NEIGHBOUR_ARMS} --victim {victim} "
         f"--cgroup-mem 512M --idle 32 --repeats {repeats} --no-plots --no-metrics "
         "--writer-head-start 15 --mount-timeout 120 "
-        f'--out "$FTLAB_OUT/{victim}"'
+        f'--out "$FTLAB_OUT/{name}"'
     )
-    return Command(victim, ["bash", "-c", bench], {}, 3400)
+    return Command(name, ["bash", "-c", bench], {}, 3400)
 
 
 SUITES: dict[str, Suite] = {
@@ -82,6 +91,14 @@ SUITES: dict[str, Suite] = {
         f"{NEIGHBOUR_SCHEDULE}, arms {NEIGHBOUR_ARMS}, 5 repeats; the server in a VM of its own",
         ("slow",),
         (_neighbour("fdatasync"), _neighbour("db")),
+        bench=True,
+        layout="two",
+    ),
+    "neighbour-container": Suite(
+        "issue 36: the db neighbour beside a backup onto NFS whose link dips to 0.25 MiB/s "
+        f"({CONTAINER_SCHEDULE}), arms {NEIGHBOUR_ARMS}, 5 repeats; the server in a VM of its own",
+        ("slow",),
+        (_neighbour("db", schedule=CONTAINER_SCHEDULE, name="db-256K"),),
         bench=True,
         layout="two",
     ),

@@ -221,7 +221,7 @@ class FileOps:
             return None
         if handle.direct_fd is None and off % DIRECT_ALIGN == 0 and size >= DIRECT_ALIGN:
             handle.direct_fd = await self.backend.open_direct(handle.caller, handle.fd)
-            if handle.direct_fd < 0 and not self._told_no_direct_io:
+            if handle.direct_fd == -errno.EINVAL and not self._told_no_direct_io:
                 self._told_no_direct_io = True
                 log.info(
                     "target_io=direct: the target has no direct I/O (%s); its pages are "

@@ -56,6 +56,31 @@ class Hierarchy:
         return "memory.limit_in_bytes" if self.version == 1 else "memory.max"
 
 
+#: cgroup v1 reads an unlimited cgroup's limit as about 2**63 rounded to pages.
+V1_UNLIMITED = 1 << 62
+
+
+def parse_limit(text: str) -> int | None:
+    """A memory cgroup's limit from its limit file (None: unlimited, v2's ``max`` or v1's
+    huge number)."""
+    text = text.strip()
+    if text == "max" or not text.isdigit():
+        return None
+    value = int(text)
+    return None if value >= V1_UNLIMITED else value
+
+
+def root_limit(hierarchy: Hierarchy) -> int | None:
+    """The memory limit on the root of the hierarchy as this process sees it. The host's own
+    root has none (v2 has no ``memory.max`` there); the root of a cgroup namespace is a
+    container's cgroup (Kubernetes, Docker and Podman on cgroup v2 give each container one), and
+    its limit is the container's, shared by everything inside."""
+    try:
+        return parse_limit((hierarchy.root / hierarchy.limit_file()).read_text())
+    except OSError:
+        return None
+
+
 def find_hierarchy(proc_cgroup: str, mounts: list[MountInfo]) -> Hierarchy | None:
     """The memory hierarchy this process is in, from /proc/self/cgroup and the mount table.
 
@@ -130,6 +155,7 @@ class OwnMemoryCgroup:
         self.pid = pid or os.getpid()
         self.hierarchy: Hierarchy | None = None
         self.path: Path | None = None  # set while the daemon is inside
+        self.container_limit: int | None = None  # the limit on the root it sees (a container's)
         self.reason = ""  # why not, when it stayed
 
     def locate(self) -> str | None:
@@ -139,6 +165,8 @@ class OwnMemoryCgroup:
             self.hierarchy = find_hierarchy(Path("/proc/self/cgroup").read_text(), mounts())
         except OSError as err:
             return f"cannot read the cgroup layout: {err.strerror}"
+        if self.hierarchy is not None:
+            self.container_limit = root_limit(self.hierarchy)
         return None if self.hierarchy is not None else "no memory cgroup hierarchy is mounted"
 
     def enter(self) -> bool:
@@ -170,13 +198,22 @@ class OwnMemoryCgroup:
         self.path = path  # the daemon says so once it is mounted
         return True
 
-    def shared(self) -> bool:
-        """Whether the target's page cache would be charged to a memory cgroup the daemon
-        shares with others: it stayed where it was started, in a cgroup that is neither the
-        hierarchy's root (no limit: reclaim there is global, which never waits for write-back)
-        nor a systemd unit of its own."""
+    def shared(self) -> str | None:
+        """Where the target's page cache would be charged to a memory limit the daemon shares
+        with others (None: nowhere). Inside a container (a cgroup namespace whose root has a
+        limit) everything, a cgroup of the daemon's own included, is below the container's
+        limit, and its reclaim meets the target's pages wherever they are charged. On a host,
+        where the daemon stayed in a cgroup that is neither the hierarchy's root (no limit:
+        reclaim there is global, which never waits for write-back) nor a systemd unit of its
+        own."""
         h = self.hierarchy
-        return self.path is None and h is not None and h.current != h.root and not own_unit(h)
+        if h is None:
+            return None
+        if self.container_limit is not None:
+            return f"the memory limit of {h.root} ({self.container_limit >> 20} MiB, a container's)"
+        if self.path is None and h.current != h.root and not own_unit(h):
+            return f"the memory cgroup {h.current}"
+        return None
 
     def usage(self) -> int | None:
         """Bytes charged to the cgroup now (None when not inside one, or unreadable)."""
@@ -248,7 +285,7 @@ def direct_target_writes(mode: str, cgroup: OwnMemoryCgroup, in_memory: str | No
     write-back."""
     if mode == "direct":
         return "target_io=direct"
-    if mode == "buffered" or in_memory is not None or not cgroup.shared():
+    if mode == "buffered" or in_memory is not None:
         return None
-    assert cgroup.hierarchy is not None
-    return f"the daemon shares the memory cgroup {cgroup.hierarchy.current} with others"
+    shared = cgroup.shared()
+    return None if shared is None else f"the daemon shares {shared} with others"

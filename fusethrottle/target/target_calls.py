@@ -355,13 +355,17 @@ ALIGNED_BUFFER = 1 << 20
 
 
 def _open_direct(fd: int) -> int:
-    """A second descriptor of the file *fd* has open, for writes with O_DIRECT; -1 where the
-    target has no direct I/O (EINVAL: tmpfs before Linux 6.6, some FUSE file systems)."""
+    """A second descriptor of the file *fd* has open, for writes with O_DIRECT; where there can
+    be none, minus the errno why: the target has no direct I/O (EINVAL: tmpfs before Linux 6.6,
+    some FUSE file systems), or the caller may not open the file for writing again (EACCES,
+    EPERM: a file created read-only, as tar creates a read-only member, is writable through the
+    descriptor its creator got and no other). The writes then take the written-back-and-dropped
+    path, never fail for it."""
     try:
         return os.open(proc_path(fd), os.O_WRONLY | os.O_DIRECT | os.O_CLOEXEC)
     except OSError as err:
-        if err.errno == errno.EINVAL:
-            return -1
+        if err.errno in (errno.EINVAL, errno.EACCES, errno.EPERM):
+            return -err.errno
         raise
 
 
