@@ -39,7 +39,8 @@ IDLE = ("do_nanosleep", "hrtimer_nanosleep", "do_sys_poll", "do_select", "ep_pol
 
 
 def classify(stack: str) -> str | None:
-    """The wait a kernel stack shows, "other wait" for one not listed, None for none."""
+    """The wait a kernel stack shows; one not listed is "other wait" with its two innermost
+    frames, so a run's results say what to list next; None for none."""
     frames = [line.split()[-1].split("+")[0] for line in stack.splitlines() if line.strip()]
     if not frames:
         return None  # running in user space
@@ -49,7 +50,7 @@ def classify(stack: str) -> str | None:
             return name
     if present & set(IDLE):
         return None
-    return "other wait"
+    return f"other wait ({' < '.join(frames[:2])})"
 
 
 class StackSampler:

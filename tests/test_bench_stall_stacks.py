@@ -41,7 +41,9 @@ def test_each_wait_is_named_by_the_frames_that_make_it() -> None:
     )
     assert classify(SLEEPING) is None  # its own pacing: not a stall of the kernel's making
     assert classify("") is None  # running
-    assert classify("[<0>] pipe_read+0x1/0x2\n") == "other wait"
+    assert classify(
+        "[<0>] pipe_read+0x1/0x2\n[<0>] vfs_read+0x3/0x4\n[<0>] ksys_read+0x5/0x6\n"
+    ) == ("other wait (pipe_read < vfs_read)")
 
 
 def test_only_samples_inside_slow_operations_count() -> None:
@@ -74,4 +76,6 @@ def test_the_sampler_sees_where_another_process_waits() -> None:
         child.kill()
         child.wait()
     assert sampler.readable
-    assert len(samples) > 10 and {wait for _, wait in samples} == {"other wait"}
+    waits = {wait for _, wait in samples}
+    assert len(samples) > 10 and len(waits) == 1, waits
+    assert "pipe_read" in waits.pop()  # anon_pipe_read on newer kernels
