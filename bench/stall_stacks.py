@@ -30,6 +30,7 @@ WAITS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dirty throttling", ("balance_dirty_pages",)),
     ("waits for its own write-back", ("file_write_and_wait_range", "folio_wait_writeback")),
     ("journal commit", ("jbd2_log_wait_commit",)),
+    ("device cache flush", ("blkdev_issue_flush",)),
     ("read I/O", ("filemap_read", "folio_wait_bit_common")),
     ("page fault I/O", ("filemap_fault",)),
     ("block I/O", ("io_schedule",)),

@@ -39,6 +39,9 @@ def test_each_wait_is_named_by_the_frames_that_make_it() -> None:
     assert classify("[<0>] balance_dirty_pages+0x2/0x3\n[<0>] generic_perform_write+0x1/0x2\n") == (
         "dirty throttling"
     )
+    # fdatasync's flush of the disk's cache, queued behind whatever else the disk is writing
+    flush = "[<0>] submit_bio_wait+0x1/0x2\n[<0>] blkdev_issue_flush+0x3/0x4\n"
+    assert classify(flush + "[<0>] ext4_sync_file+0x5/0x6\n") == "device cache flush"
     assert classify(SLEEPING) is None  # its own pacing: not a stall of the kernel's making
     assert classify("") is None  # running
     assert classify(

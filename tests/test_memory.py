@@ -84,6 +84,15 @@ def stat_of(cgroup: Path) -> dict[str, int]:
     return out
 
 
+def source_and_mountpoint(target: SlowTarget, workdir: Path, label: str) -> tuple[Path, Path]:
+    """A fresh backing directory on the target and a mount point for one arm of a test."""
+    source = target.mountpoint / f"backups-{label}"
+    source.mkdir()
+    mnt = workdir / f"mnt-{label}"
+    mnt.mkdir()
+    return source, mnt
+
+
 def write_inside(cgroup: Path, source: Path, dest: Path, mib: int = 192) -> None:
     """Copy the first *mib* MiB of *source* to *dest* with dd from a process in *cgroup* (its
     pages are charged there), 1 MiB writes, buffered, as a backup tool writes."""
@@ -201,10 +210,7 @@ def test_in_a_shared_cgroup_synced_data_is_dropped_unless_told_to_keep_it(
     shared = ["memory_cgroup=off", "target_io=buffered"]  # the target's page cache in it too
     variants = {"drop": shared, "keep": [*shared, "drop_synced=no"]}
     for label, options in variants.items():
-        source = target.mountpoint / f"backups-{label}"
-        source.mkdir()
-        mnt = workdir / f"mnt-{label}"
-        mnt.mkdir()
+        source, mnt = source_and_mountpoint(target, workdir, label)
         with memory_cgroup(f"ft-{label}") as container:
             daemon = start_fusethrottle(source, mnt, options, cgroup=container)
             try:
@@ -256,10 +262,7 @@ def test_an_injected_sync_puts_pieces_under_writeback_not_the_batch(
     base = ["memory_cgroup=off", "target_io=buffered", "writeback_cache=no"]
     base += ["mode=static", "window=64M", "batch=32M"]
     for label, extra in (("pieces", []), ("whole", ["writeback_pieces=no"])):
-        source = target.mountpoint / f"backups-{label}"
-        source.mkdir()
-        mnt = workdir / f"mnt-{label}"
-        mnt.mkdir()
+        source, mnt = source_and_mountpoint(target, workdir, label)
         with memory_cgroup(f"ft-{label}") as container:
             daemon = start_fusethrottle(source, mnt, base + extra, cgroup=container)
             try:
@@ -294,10 +297,7 @@ def test_a_daemon_in_the_applications_cgroup_leaves_no_target_page_in_it(
     if cache != "auto":
         base.append(f"writeback_cache={cache}")
     for label, extra in (("auto", []), ("buffered", ["target_io=buffered"])):
-        source = target.mountpoint / f"backups-{label}"
-        source.mkdir()
-        mnt = workdir / f"mnt-{label}"
-        mnt.mkdir()
+        source, mnt = source_and_mountpoint(target, workdir, label)
         with memory_cgroup(f"ft-direct-{label}") as container:
             daemon = start_fusethrottle(source, mnt, base + extra, cgroup=container)
             try:
@@ -337,10 +337,7 @@ def test_a_daemon_inside_a_containers_cgroup_namespace_leaves_no_target_page_in_
         ("auto", "mode=static,window=64M"),
         ("buffered", "mode=static,window=64M,target_io=buffered"),
     ):
-        source = target.mountpoint / f"backups-{label}"
-        source.mkdir()
-        mnt = workdir / f"mnt-{label}"
-        mnt.mkdir()
+        source, mnt = source_and_mountpoint(target, workdir, label)
         log = workdir / f"daemon-{label}.log"
         # The mount namespace is the container's too: the mount is used from inside it.
         inside = (
