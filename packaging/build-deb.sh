@@ -1,8 +1,10 @@
 #!/bin/bash
-# Build packaging/out/fusethrottle_<version>_all.deb for Debian 12 from this work tree.
+# Build packaging/out/fusethrottle_<version>_<arch>.deb for Debian 12 from this work tree.
 #
-# No virtualenv is vendored: the pure-Python package goes to /usr/lib/python3/dist-packages and
-# runs on Debian's python3-pyfuse3, python3-trio and python3-prometheus-client. The tree is
+# No virtualenv is vendored: the Python package goes to /usr/lib/python3/dist-packages and
+# runs on Debian's python3-pyfuse3, python3-trio and python3-prometheus-client. The native
+# engine (fusethrottle/engine, C++ on libfuse3) is compiled here and shipped beside it, which
+# makes the package one of this machine's architecture. The tree is
 # staged by hand and packed with dpkg-deb, so the build needs only dpkg-deb, gzip and python3
 # (no debhelper, no network). Version and dependencies come from pyproject.toml.
 #
@@ -26,9 +28,12 @@ die() {
 }
 note() { echo "build-deb: $*" >&2; }
 
-for tool in dpkg-deb gzip md5sum "$python"; do
-    command -v "$tool" >/dev/null || die "$tool is missing (apt-get install dpkg-dev gzip python3)"
+for tool in dpkg-deb gzip md5sum "$python" make g++ pkg-config; do
+    command -v "$tool" >/dev/null ||
+        die "$tool is missing (apt-get install dpkg-dev gzip python3 make g++ pkg-config libfuse3-dev)"
 done
+arch=$(dpkg --print-architecture)
+make -s -C "$top/fusethrottle/engine" >&2 || die "the native engine does not build"
 [ -f "$pyproject" ] || die "no pyproject.toml at $top"
 meta() { "$python" "$here/debmeta.py" "$pyproject" "$1"; }
 
@@ -61,7 +66,8 @@ doc=$root/usr/share/doc/fusethrottle
 
 # --- the Python package: sources only, no byte-code (postinst compiles it) -----------------
 (cd "$top" && find fusethrottle -type f \
-    ! -path '*/__pycache__/*' ! -name '*.py[co]' ! -name '*~' ! -name '.*' -print0) |
+    ! -path '*/__pycache__/*' ! -name '*.py[co]' ! -name '*~' ! -name '.*' \
+    ! -path 'fusethrottle/engine/src/*' ! -name Makefile ! -name '*.tmp' -print0) |
     while IFS= read -r -d '' file; do
         install -D -m 644 "$top/$file" "$pylib/$file"
     done
@@ -145,7 +151,7 @@ installed_size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
 cat >"$root/DEBIAN/control" <<EOF
 Package: fusethrottle
 Version: $deb_version
-Architecture: all
+Architecture: $arch
 Maintainer: $maintainer
 Installed-Size: $installed_size
 Depends: $depends
@@ -170,7 +176,7 @@ EOF
 find "$root" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 mkdir -p "$out"
 rm -f -- "$out"/fusethrottle_*.deb
-deb=$out/fusethrottle_${deb_version}_all.deb
+deb=$out/fusethrottle_${deb_version}_${arch}.deb
 dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" >/dev/null
 note "built $deb"
 echo "$deb"

@@ -22,8 +22,9 @@ from typing import Any
 
 # Runtime packages that are not named python3-<normalised PyPI name> in Debian go here.
 _DEBIAN_NAMES: dict[str, str] = {}
-# Debian packages needed beside the Python ones: fuse3 brings fusermount3 and mount.fuse3.
-_EXTRA_DEPENDS = ["fuse3"]
+# Debian packages needed beside the Python ones: fuse3 brings fusermount3 and mount.fuse3;
+# the native engine links libfuse3 and the C++ runtime (Debian 12's versions at least).
+_EXTRA_DEPENDS = ["fuse3", "libfuse3-3 (>= 3.14)", "libstdc++6 (>= 12)"]
 _REQ_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:>=\s*([0-9][0-9A-Za-z.]*))?\s*$")
 
 

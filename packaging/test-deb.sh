@@ -144,10 +144,10 @@ check "man page renders without warnings" man_page_is_clean "$here/fusethrottle.
 if ! check "build the .deb" bash "$here/build-deb.sh"; then
     exit 1
 fi
-debs=("$out"/fusethrottle_*_all.deb)
+debs=("$out"/fusethrottle_*_"$(dpkg --print-architecture)".deb)
 deb=${debs[0]}
 version=$("$python" "$here/debmeta.py" "$top/pyproject.toml" version)
-expected_depends="python3 (>= 3.11), python3-pyfuse3 (>= 3.2), python3-trio (>= 0.22), python3-prometheus-client (>= 0.16), fuse3"
+expected_depends="python3 (>= 3.11), python3-pyfuse3 (>= 3.2), python3-trio (>= 0.22), python3-prometheus-client (>= 0.16), fuse3, libfuse3-3 (>= 3.14), libstdc++6 (>= 12)"
 check "Depends: is Debian's python3, pyfuse3, trio, prometheus-client and fuse3" \
     same Depends "$(dpkg-deb -f "$deb" Depends)" "$expected_depends" || true
 check "Recommends: python3-redis (budget=), not Depends" \
@@ -323,6 +323,23 @@ if [ "$mounted" = 1 ]; then
     check "umount" timeout 60 umount "$mnt" || true
     for pid in "${pids[@]}"; do
         check "the daemon (pid $pid) exits after umount" wait_gone "$pid" 60 || true
+    done
+fi
+
+# --- the native engine, as packaged --------------------------------------------------------------
+mounted=0
+check "mount -t fuse.fusethrottle SRC MNT -o engine=native" \
+    timeout "$mount_timeout" mount -t fuse.fusethrottle "$src" "$mnt" -o engine=native && mounted=1
+mapfile -t pids < <(pids_serving "$mnt")
+daemon_pids+=("${pids[@]}")
+if [ "$mounted" = 1 ]; then
+    export -f namespace_ops
+    check "the native engine: write, read back, rename and unlink" timeout 60 bash -c \
+        'cp "$0/payload" "$mnt/native" && cmp "$0/payload" "$src/native" && rm "$mnt/native" && namespace_ops' \
+        "$work" || true
+    check "the native engine: umount" timeout 60 umount "$mnt" || true
+    for pid in "${pids[@]}"; do
+        check "the native engine's daemon (pid $pid) exits after umount" wait_gone "$pid" 60 || true
     done
 fi
 

@@ -35,6 +35,8 @@ FUSETHROTTLE = os.environ.get("FUSETHROTTLE_BIN") or str(
     Path(sys.executable).with_name("fusethrottle")
 )
 MEMFS = str(Path(__file__).with_name("memfs.py"))
+#: engine=native for every mount the tests start (the native engine's run of the suite).
+ENGINE = os.environ.get("FUSETHROTTLE_TEST_ENGINE", "")
 FSTYPE = "fuse.fusethrottle"
 # The NFS lab's VM (FTLAB=1) may run without KVM, many times slower, beside other VMs.
 START_TIMEOUT = 120.0 if os.environ.get("FTLAB") == "1" else 30.0
@@ -258,6 +260,8 @@ def start_fusethrottle(
     """*wrapper*: a command the daemon runs under (setpriv taking capabilities away,
     ``prlimit ... --``)."""
     argv = [*wrapper, FUSETHROTTLE, str(source), str(mountpoint), "-f"]
+    if ENGINE and not any(o.startswith("engine=") for o in options):
+        options = [*options, f"engine={ENGINE}"]
     if options:
         argv += ["-o", ",".join(options)]
     log_path = log_path or mountpoint.with_name(mountpoint.name + ".log")

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from conftest import MakeMount
-from mount_util import Daemon, status_json
+from mount_util import ENGINE, Daemon, status_json
 
 pytestmark = pytest.mark.mount
 
@@ -416,15 +416,20 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
 
 
-def test_fallocate_is_unsupported_and_posix_fallocate_falls_back(ft: Daemon) -> None:
+def test_fallocate_reaches_the_target_or_posix_fallocate_falls_back(ft: Daemon) -> None:
     """pyfuse3 has no fallocate handler: the kernel answers EOPNOTSUPP, and glibc's
-    posix_fallocate (what cp, rsync --preallocate and databases call) writes zeros instead."""
+    posix_fallocate (what cp, rsync --preallocate and databases call) writes zeros instead.
+    The native engine passes fallocate to the target: no zeros written through the mount."""
     path = ft.mountpoint / "prealloc"
     path.write_bytes(b"keep me")
     fd = os.open(path, os.O_RDWR)
     try:
-        assert _libc.fallocate(fd, 0, 0, 1 << 20) == -1
-        assert ctypes.get_errno() == errno.EOPNOTSUPP
+        if ENGINE == "native":
+            assert _libc.fallocate(fd, 0, 0, 1 << 20) == 0
+            assert os.fstat(fd).st_size == 1 << 20
+        else:
+            assert _libc.fallocate(fd, 0, 0, 1 << 20) == -1
+            assert ctypes.get_errno() == errno.EOPNOTSUPP
         os.posix_fallocate(fd, 0, 1 << 20)
     finally:
         os.close(fd)
@@ -474,6 +479,9 @@ def test_over_a_target_without_xattrs_small_writes_cost_no_round_trips(
         with pytest.raises(OSError) as err:
             call()
         assert err.value.errno == errno.EOPNOTSUPP
+    assert (target.mountpoint / "stream.tar").read_bytes() == block * 512
+    if ENGINE == "native":
+        pytest.skip("the native engine has no status yet: its request counts are not shown")
     status = status_json(ft.mountpoint)
     ops = status["operations"]
     assert ops.get("getxattr", 0) <= 1  # asked once, told ENOSYS, never again

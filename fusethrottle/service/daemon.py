@@ -13,13 +13,11 @@ SIGINT), runs in one order:
 
 from __future__ import annotations
 
-import dataclasses
 import faulthandler
 import logging
 import math
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 
@@ -31,10 +29,11 @@ from ..adapter.kernel_pages import find_fuse_device_fd
 from ..metering.meter import Meter, profile_for
 from ..trio_compat import ABANDON_KW as _ABANDON_KW
 from . import sdnotify
-from .memory_cgroup import OwnMemoryCgroup, direct_target_writes, in_memory_target
 from .mount import Mount, build, fuse_options, raise_fd_limit
-from .mountinfo import containing_mount, find_mount, mounts
-from .options import Config, memory_cgroup_limit
+from .mountinfo import find_mount
+from .options import Config
+from .placement import place
+from .readiness import stat_from_child
 
 log = logging.getLogger(__name__)
 
@@ -347,68 +346,27 @@ def heap_trim_due(now: float, last_request: float, last_trim: float) -> bool:
 
 
 #: The child that asks the mount for its root's attributes; prints why it could not.
-_STAT_CHILD = """
-import os, sys
-try:
-    os.stat(sys.argv[1])
-except OSError as err:
-    sys.exit(err.strerror)
-"""
-
-
-def stat_from_child(mountpoint: str) -> str | None:
-    """Stat *mountpoint* from a child process: None if it answered, else why not.
-
-    Never from a thread of the daemon: once the daemon has read a request, the kernel waits
-    for its answer without letting the asking thread die, so a daemon killed (systemd's start
-    timeout) while its own stat waits on a slow target could never exit. A child is released
-    with ENOTCONN as soon as the daemon's descriptor closes.
-    """
-    child = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", _STAT_CHILD, mountpoint],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    if child.returncode == 0:
-        return None
-    return child.stderr.strip() or f"the check exited with {child.returncode}"
-
-
 def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
     """Mount and serve until unmounted; returns the process exit code."""
     os.umask(0)  # the kernel already applied the caller's umask to every mode we receive
     raise_fd_limit()
-    _libc.keep_request_buffers_in_the_heap(REQUEST_BUFFER_MAX)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    from ..observability.metrics import attach_metrics
-
     # Before anything touches the target: its page cache is charged to whoever writes it.
-    own_cgroup = OwnMemoryCgroup(memory_cgroup_limit(config))
-    source_mount = containing_mount(os.path.realpath(config.source), mounts())
-    in_memory = in_memory_target(source_mount.fstype) if source_mount is not None else None
-    if config.memory_cgroup != "auto":
-        own_cgroup.reason = "memory_cgroup=off"
-        own_cgroup.locate()  # where it stays: shared with others or not (target_io=auto)
-    elif in_memory:
-        own_cgroup.reason = in_memory
-    else:
-        own_cgroup.enter()
-    direct_writes = direct_target_writes(config.target_io, own_cgroup, in_memory)
-    if direct_writes is not None and config.writeback_cache_auto and config.writeback_cache:
-        # The mount's own cache is the writer's, charged to the same shared cgroup: its pages
-        # wait dirty and under write-back for the slow target there too, and reclaim throttles
-        # on them (cgroup v1: 100 ms at a time). Without it every write() waits for the target
-        # itself, and nothing of the backup waits for the target in the cgroup.
-        config = dataclasses.replace(config, writeback_cache=False)
+    placement = place(config)
+    config = placement.config
     try:
+        if config.engine == "native":
+            from .native_daemon import serve_native
+
+            return serve_native(placement, on_ready)
+        _libc.keep_request_buffers_in_the_heap(REQUEST_BUFFER_MAX)
+        from ..observability.metrics import attach_metrics
+
         meter = Meter(profile_for(config))  # one per mount: the ceilings' and the metrics'
         events, observer, extra = attach_metrics(config, meter)
-        mount = build(config, events, observer, meter, direct_writes)
-        mount.memory_cgroup = own_cgroup
-        mount.direct_writes = direct_writes
+        mount = build(config, events, observer, meter, placement.direct_writes)
+        mount.memory_cgroup = placement.cgroup
+        mount.direct_writes = placement.direct_writes
         daemon = Daemon(mount, on_ready)
         daemon.extra_tasks = extra(mount)
         try:
@@ -417,7 +375,7 @@ def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
             log.error("fusethrottle: %s", err)
             return 1
     finally:
-        own_cgroup.leave()
+        placement.cgroup.leave()
 
 
 __all__ = ["Daemon", "Mount", "build", "configure_logging", "serve"]

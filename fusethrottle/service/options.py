@@ -126,6 +126,19 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 XATTR_MODES = ("auto", "on", "off")
 MEMORY_CGROUP_MODES = ("auto", "off")
 TARGET_IO_MODES = ("auto", "buffered", "direct")
+#: Which data plane serves the mount's requests: the Python one (pyfuse3), or the C++ engine.
+ENGINES = ("python", "native")
+#: What the native engine does not do yet, with the value that asks nothing of it. Set to
+#: anything else with engine=native, the mount is refused rather than served without it.
+NATIVE_UNSUPPORTED: dict[str, object] = {
+    "metrics": "",
+    "budget": None,
+    "metered_limit": 0.0,
+    "ops_limit": 0.0,
+    "throttle_reads": False,
+    "permissions": "kernel",
+    "target_io": "auto",
+}
 #: Whom calls to the target run as (credentials.py): the process that asked, or the daemon.
 CREDENTIAL_MODES = ("caller", "daemon")
 #: Who decides whether a caller may: the kernel, from the attributes (default_permissions), or
@@ -191,6 +204,8 @@ class Config:
     budget_password_file: str = ""  # else $FUSETHROTTLE_BUDGET_PASSWORD_FILE, else none
     budget_ca: str = ""  # CA file for rediss:// (default: the system's)
     budget_timeout: float = 0.5
+    # which data plane serves the requests (native: the C++ engine, issue 35's first step)
+    engine: str = "python"
     # observability
     metrics: str = ""
     log_level: str = "info"
@@ -278,6 +293,7 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "memory_cgroup": _choice(MEMORY_CGROUP_MODES),
     "memory_cgroup_limit": parse_size,
     "target_io": _choice(TARGET_IO_MODES),
+    "engine": _choice(ENGINES),
     "mode": _choice(MODES),
     "batch": parse_size,
     "window": parse_size,
@@ -432,6 +448,12 @@ def validate(config: Config) -> None:
         raise OptionError("budget_timeout must be between 10ms and 10s")
     if config.budget_ca and (config.budget is None or not config.budget.tls):
         raise OptionError("budget_ca is for a rediss:// (TLS) budget")
+    if config.engine == "native":
+        for key, plain in NATIVE_UNSUPPORTED.items():
+            if getattr(config, key) != plain:
+                raise OptionError(
+                    f"engine=native does not serve {key}= yet: leave it out or use engine=python"
+                )
     try:
         profile(config.meter, **dict(config.meter_overrides))
     except ValueError as err:

@@ -1,0 +1,18 @@
+// Calls against the target run as the process that asked for them (see
+// fusethrottle/target/credentials.py for why): per thread, so one worker's caller is never
+// another's.
+#pragma once
+
+#include <fuse_lowlevel.h>
+#include <sys/types.h>
+
+namespace ft {
+
+// Switches this thread's file-system ids and groups to the request's caller, when the daemon
+// may (it runs as root). Cheap when the same caller asks again on the same thread.
+void become_caller(fuse_req_t req);
+
+// Whether become_caller switches anything (decided once, at start).
+void set_switch_credentials(bool on);
+
+}  // namespace ft

@@ -1,0 +1,135 @@
+#include "engine.h"
+
+#include <fuse_lowlevel.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caller.h"
+#include "fusethrottle_engine.h"
+
+namespace ft {
+
+Engine::~Engine() {
+  if (session_ && mounted_) fuse_session_unmount(session_.get());
+}
+
+int Engine::mount(std::string& error) {
+  int rc = inodes_.open_root(options_.source.c_str());
+  if (rc != 0) {
+    error = "cannot open the source " + options_.source + ": " + std::strerror(-rc);
+    return rc;
+  }
+  // Modes arrive with the caller's umask applied by the kernel; the engine's own must not
+  // take more away.
+  ::umask(0);
+  set_switch_credentials(options_.switch_credentials);
+  std::vector<std::string> words{"fusethrottle"};
+  if (!options_.fuse_options.empty()) {
+    words.emplace_back("-o");
+    words.push_back(options_.fuse_options);
+  }
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+  session_.reset(fuse_session_new(&args, &operations(options_.xattrs), sizeof(fuse_lowlevel_ops), this));
+  fuse_opt_free_args(&args);
+  if (!session_) {
+    error = "the FUSE session could not be made (options: " + options_.fuse_options + ")";
+    return -EINVAL;
+  }
+  if (fuse_session_mount(session_.get(), options_.mountpoint.c_str()) != 0) {
+    error = "mounting on " + options_.mountpoint + " failed";
+    return -EIO;
+  }
+  mounted_ = true;
+  return 0;
+}
+
+int Engine::serve() {
+  struct ConfigDeleter {
+    void operator()(fuse_loop_config* c) const { fuse_loop_cfg_destroy(c); }
+  };
+  std::unique_ptr<fuse_loop_config, ConfigDeleter> config(fuse_loop_cfg_create());
+  if (!config) return -ENOMEM;
+  // One descriptor per thread: the kernel hands requests to threads without a shared queue.
+  fuse_loop_cfg_set_clone_fd(config.get(), 1);
+  fuse_loop_cfg_set_max_threads(config.get(), options_.max_threads);
+  fuse_loop_cfg_set_idle_threads(config.get(), options_.max_threads);
+  int rc = fuse_session_loop_mt(session_.get(), config.get());
+  return rc > 0 ? -EINTR : rc;  // a signal ended it: the control plane asked
+}
+
+void Engine::close_the_cache() {
+  closing_.store(true, std::memory_order_release);
+  if (!session_) return;
+  fuse_lowlevel_notify_inval_inode(session_.get(), FUSE_ROOT_ID, -1, 0);
+  for (fuse_ino_t node : inodes_.nodes()) {
+    // -ENOENT: the kernel forgot it meanwhile, so nothing of it is cached.
+    fuse_lowlevel_notify_inval_inode(session_.get(), node, -1, 0);
+  }
+}
+
+void Engine::stop() {
+  fuse_session_exit(session_.get());
+  if (mounted_) {
+    fuse_session_unmount(session_.get());
+    mounted_ = false;
+  }
+}
+
+}  // namespace ft
+
+struct ft_engine {
+  std::unique_ptr<ft::Engine> engine;
+};
+
+extern "C" {
+
+int ft_engine_abi(void) { return FT_ENGINE_ABI; }
+
+ft_engine* ft_engine_mount(const ft_engine_config* config, char* error, size_t error_size) {
+  ft::Options options;
+  options.source = config->source;
+  options.mountpoint = config->mountpoint;
+  options.fuse_options = config->fuse_options != nullptr ? config->fuse_options : "";
+  options.writeback_cache = config->writeback_cache != 0;
+  options.entry_timeout = config->entry_timeout;
+  options.attr_timeout = config->attr_timeout;
+  options.max_threads = config->max_threads > 0 ? config->max_threads : 16;
+  options.switch_credentials = config->switch_credentials != 0;
+  options.xattrs = config->xattrs != 0;
+  auto handle = std::make_unique<ft_engine>();
+  handle->engine = std::make_unique<ft::Engine>(std::move(options));
+  std::string why;
+  if (handle->engine->mount(why) != 0) {
+    if (error != nullptr && error_size > 0) {
+      std::snprintf(error, error_size, "%s", why.c_str());
+    }
+    return nullptr;
+  }
+  return handle.release();  // the control plane owns it until ft_engine_free
+}
+
+int ft_engine_serve(ft_engine* engine) { return engine->engine->serve(); }
+
+void ft_engine_stop(ft_engine* engine) { engine->engine->stop(); }
+
+void ft_engine_read_stats(ft_engine* engine, ft_engine_stats* out) {
+  out->known_files = engine->engine->known_files();
+  out->writeback_cache = engine->engine->writeback_cache() ? 1 : 0;
+  out->written_bytes = engine->engine->written();
+  out->lost_syncs = engine->engine->inodes().lost_syncs();
+}
+
+void ft_engine_close_the_cache(ft_engine* engine) { engine->engine->close_the_cache(); }
+
+uint64_t ft_engine_sync_all(ft_engine* engine) { return engine->engine->inodes().sync_all(); }
+
+void ft_engine_free(ft_engine* engine) { std::unique_ptr<ft_engine> owned(engine); }
+
+}  // extern "C"

@@ -1,0 +1,73 @@
+// One mount's engine: the session, its inode table and the options it serves with.
+#pragma once
+
+#include <fuse_lowlevel.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "inode.h"
+
+namespace ft {
+
+struct Options {
+  std::string source;
+  std::string mountpoint;
+  std::string fuse_options;  // -o list for the kernel (fsname, allow_other, ...)
+  bool writeback_cache = true;
+  double entry_timeout = 1.0;
+  double attr_timeout = 1.0;
+  unsigned max_threads = 16;
+  bool switch_credentials = false;
+  bool xattrs = true;
+};
+
+class Engine {
+ public:
+  explicit Engine(Options options) : options_(std::move(options)) {}
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  ~Engine();
+
+  // Open the source and mount; 0 or -errno, *error* says why.
+  int mount(std::string& error);
+  // Serve requests until unmounted or stopped; 0 or -errno.
+  int serve();
+  // Make serve() return: the mount is taken away (lazily), the loop ends once the kernel
+  // lets go of it. Safe from any thread.
+  void stop();
+
+  const Options& options() const { return options_; }
+  InodeTable& inodes() { return inodes_; }
+  bool writeback_cache() const { return writeback_cache_.load(); }
+  void set_writeback_cache(bool on) { writeback_cache_.store(on); }
+  size_t known_files() { return inodes_.size(); }
+
+  // From here on nothing new is taken: every request but the kernel's write-back and the
+  // closing of files is answered ENOTCONN, and every attribute the kernel holds is expired,
+  // so a writer still writing into the writeback cache is refused (the kernel asks for the
+  // attributes first) instead of acknowledged for pages nobody would write back.
+  void close_the_cache();
+  bool closing() const { return closing_.load(std::memory_order_acquire); }
+
+  void count_written(size_t n) { written_.fetch_add(n, std::memory_order_relaxed); }
+  uint64_t written() const { return written_.load(std::memory_order_relaxed); }
+
+ private:
+  Options options_;
+  InodeTable inodes_;
+  struct SessionDeleter {
+    void operator()(fuse_session* se) const { fuse_session_destroy(se); }
+  };
+  std::unique_ptr<fuse_session, SessionDeleter> session_;
+  bool mounted_ = false;
+  std::atomic<bool> writeback_cache_{false};
+  std::atomic<bool> closing_{false};
+  std::atomic<uint64_t> written_{0};
+};
+
+// The low-level operations (ops.cc).
+const fuse_lowlevel_ops& operations(bool xattrs);
+
+}  // namespace ft

@@ -1,0 +1,105 @@
+// The files the kernel knows by node id: each holds an O_PATH descriptor of its file on the
+// target, found again by (device, inode number) when the kernel looks up another name of it.
+#pragma once
+
+#include <fuse_lowlevel.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "fd.h"
+
+namespace ft {
+
+struct InodeKey {
+  dev_t dev;
+  ino_t ino;
+  bool operator==(const InodeKey& o) const { return dev == o.dev && ino == o.ino; }
+};
+
+struct InodeKeyHash {
+  size_t operator()(const InodeKey& k) const {
+    return std::hash<uint64_t>()(static_cast<uint64_t>(k.ino) * 1000003u ^ k.dev);
+  }
+};
+
+// One file the kernel holds a reference to. Its descriptor lives as long as the kernel's
+// lookups of it do (the table owns it; the node id is its address).
+class Inode {
+ public:
+  Inode(Fd path, InodeKey key, mode_t type) : path_(std::move(path)), key_(key), type_(type) {}
+  int fd() const { return path_.get(); }
+  InodeKey key() const { return key_; }
+  bool is_symlink() const { return S_ISLNK(type_); }
+  bool is_dir() const { return S_ISDIR(type_); }
+
+  // Data was written to the file since its last fsync.
+  void mark_written() { unsynced_.store(true, std::memory_order_release); }
+  bool unsynced() const { return unsynced_.load(std::memory_order_acquire); }
+  // Who last opened the file to write: its syncs run as them (a squashing target refuses the
+  // daemon's root), as NFS's write-back does.
+  void set_writer(uid_t uid, gid_t gid) {
+    writer_.store((static_cast<uint64_t>(uid) << 32) | gid, std::memory_order_relaxed);
+  }
+  uint64_t writer() const { return writer_.load(std::memory_order_relaxed); }
+  // Before an fsync: whatever is written from here on is owed another.
+  bool take_unsynced() { return unsynced_.exchange(false, std::memory_order_acq_rel); }
+
+ private:
+  friend class InodeTable;
+  Fd path_;
+  InodeKey key_;
+  mode_t type_;
+  uint64_t lookups_ = 0;  // guarded by the table's lock
+  std::atomic<bool> unsynced_{false};
+  std::atomic<uint64_t> writer_{0};
+};
+
+// fsync a file through its O_PATH descriptor (reopened: an O_PATH one takes no fsync). A file
+// with no name left needs none. 0 or the errno.
+int sync_file(int path_fd, uint64_t writer);
+
+class InodeTable {
+ public:
+  // The root: the source directory, never forgotten.
+  int open_root(const char* source);
+  Inode& root() { return *root_; }
+
+  // The inode of *node* (FUSE_ROOT_ID is the root).
+  Inode& get(fuse_ino_t node) {
+    return node == FUSE_ROOT_ID ? *root_ : *reinterpret_cast<Inode*>(node);
+  }
+  fuse_ino_t node_of(const Inode& inode) const {
+    return &inode == root_.get() ? FUSE_ROOT_ID : reinterpret_cast<fuse_ino_t>(&inode);
+  }
+
+  // Count one more lookup of the file *path* (stat *st*) and return its node; the descriptor
+  // is kept if the file is new to the table, closed otherwise.
+  fuse_ino_t remember(Fd path, const struct stat& st);
+  // The kernel dropped *n* lookups of *node*: at none, its descriptor closes, after an fsync
+  // if data written to it was not synced (nothing could find the file to sync it later).
+  void forget(fuse_ino_t node, uint64_t n);
+
+  // The node ids the kernel holds (the root aside), for invalidating their attributes.
+  std::vector<fuse_ino_t> nodes();
+
+  // fsync every file written since its last fsync; returns how many failed.
+  size_t sync_all();
+
+  size_t size();
+  // fsyncs that failed as their file was forgotten (the daemon reports them at exit).
+  uint64_t lost_syncs() const { return lost_syncs_.load(); }
+
+ private:
+  std::mutex lock_;
+  std::unordered_map<InodeKey, std::unique_ptr<Inode>, InodeKeyHash> known_;
+  std::unique_ptr<Inode> root_;
+  std::atomic<uint64_t> lost_syncs_{0};
+};
+
+}  // namespace ft

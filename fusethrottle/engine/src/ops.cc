@@ -1,0 +1,597 @@
+// Every FUSE request, passed through to the target as its caller. Each handler answers its
+// request exactly once; a failing target call becomes the caller's errno.
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/limits.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "caller.h"
+#include "engine.h"
+#include "handles.h"
+
+namespace ft {
+namespace {
+
+Engine& engine_of(fuse_req_t req) { return *static_cast<Engine*>(fuse_req_userdata(req)); }
+Inode& inode_of(fuse_req_t req, fuse_ino_t node) { return engine_of(req).inodes().get(node); }
+
+// Once the mount is closing, nothing new is taken (Engine::close_the_cache): true when *req*
+// was answered so.
+bool refused(fuse_req_t req) {
+  if (!engine_of(req).closing()) return false;
+  fuse_reply_err(req, ENOTCONN);
+  return true;
+}
+
+// The errno of a failed call, never 0 (a reply of 0 to a request that failed is a lie).
+int failed() { return errno != 0 ? errno : EIO; }
+
+int stat_inode(const Inode& inode, struct stat* st) {
+  return ::fstatat(inode.fd(), "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 ? 0 : failed();
+}
+
+// Look *name* up in *parent* and count the lookup the reply hands the kernel.
+int look_up(Engine& engine, fuse_ino_t parent, const char* name, fuse_entry_param* entry) {
+  *entry = fuse_entry_param{};
+  Fd fd(::openat(engine.inodes().get(parent).fd(), name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return failed();
+  if (::fstatat(fd.get(), "", &entry->attr, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0)
+    return failed();
+  entry->attr_timeout = engine.options().attr_timeout;
+  entry->entry_timeout = engine.options().entry_timeout;
+  entry->ino = engine.inodes().remember(std::move(fd), entry->attr);
+  return 0;
+}
+
+void reply_entry_of(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  fuse_entry_param entry;
+  int err = look_up(engine_of(req), parent, name, &entry);
+  if (err) {
+    fuse_reply_err(req, err);
+  } else {
+    fuse_reply_entry(req, &entry);
+  }
+}
+
+// The flags a file is opened with on the target. With the writeback cache the kernel reads
+// pages of a file opened write-only (to fill a partial page) and appends itself.
+int target_flags(const Engine& engine, int flags) {
+  flags &= ~O_NOFOLLOW;
+  flags |= O_CLOEXEC;
+  if (engine.writeback_cache()) {
+    if ((flags & O_ACCMODE) == O_WRONLY) flags = (flags & ~O_ACCMODE) | O_RDWR;
+    flags &= ~O_APPEND;
+  }
+  return flags;
+}
+
+// Open on the target; where read access was only added for the cache and is refused, as
+// asked, and then *bypass*: that handle's writes skip the mount's page cache (filling a
+// partial page would need the read the caller may not do).
+Fd open_as_asked(const Engine& engine, int flags, const std::function<int(int)>& open_with,
+                 bool* bypass) {
+  int wanted = target_flags(engine, flags);
+  Fd fd(open_with(wanted));
+  *bypass = false;
+  if (!fd && errno == EACCES && (flags & O_ACCMODE) == O_WRONLY &&
+      (wanted & O_ACCMODE) == O_RDWR) {
+    fd.reset(open_with((wanted & ~O_ACCMODE) | O_WRONLY));
+    *bypass = static_cast<bool>(fd);
+  }
+  return fd;
+}
+
+// O_DIRECT needs a buffer aligned to the device's block; a page is enough for any. Kept per
+// thread: a new one per request would fault its pages in again.
+constexpr size_t kAlign = 4096;
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+struct AlignedBuffer {
+  std::unique_ptr<void, FreeDeleter> data;
+  size_t size = 0;
+};
+thread_local AlignedBuffer aligned;
+
+char* aligned_buffer(size_t size) {
+  if (aligned.size < size) {
+    void* p = nullptr;
+    size_t rounded = (size + kAlign - 1) / kAlign * kAlign;
+    if (::posix_memalign(&p, kAlign, rounded) != 0) return nullptr;
+    aligned.data.reset(p);
+    aligned.size = rounded;
+  }
+  return static_cast<char*>(aligned.data.get());
+}
+
+void note_writer(fuse_req_t req, Inode& inode, int flags) {
+  if ((flags & O_ACCMODE) == O_RDONLY) return;
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  inode.set_writer(ctx->uid, ctx->gid);
+}
+
+void set_open_reply(fuse_file_info* fi, int flags, bool bypass) {
+  fi->direct_io = bypass || (flags & O_DIRECT) != 0;
+  fi->keep_cache = 0;
+}
+
+// --- the session ------------------------------------------------------------------------
+
+void op_init(void* userdata, fuse_conn_info* conn) {
+  auto& engine = *static_cast<Engine*>(userdata);
+  bool cache = engine.options().writeback_cache && (conn->capable & FUSE_CAP_WRITEBACK_CACHE);
+  if (cache) {
+    conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+  } else {
+    conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+  }
+  engine.set_writeback_cache(cache);
+  // Entries come from readdir alone: readdirplus would hand out lookups too.
+  conn->want &= ~(FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO);
+  // The kernel clears set-user-ID bits on write itself (a request as root would keep them).
+  conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;
+  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+  if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
+}
+
+// --- names ----------------------------------------------------------------------------------
+
+void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (refused(req)) return;
+  become_caller(req);
+  reply_entry_of(req, parent, name);
+}
+
+void op_forget(fuse_req_t req, fuse_ino_t node, uint64_t nlookup) {
+  engine_of(req).inodes().forget(node, nlookup);
+  fuse_reply_none(req);
+}
+
+void op_forget_multi(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
+  for (size_t i = 0; i < count; i++) engine_of(req).inodes().forget(forgets[i].ino, forgets[i].nlookup);
+  fuse_reply_none(req);
+}
+
+void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  if (refused(req)) return;
+  become_caller(req);
+  if (::mkdirat(inode_of(req, parent).fd(), name, mode) != 0) return (void)fuse_reply_err(req, failed());
+  reply_entry_of(req, parent, name);
+}
+
+void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  if (refused(req)) return;
+  become_caller(req);
+  if (::mknodat(inode_of(req, parent).fd(), name, mode, rdev) != 0)
+    return (void)fuse_reply_err(req, failed());
+  reply_entry_of(req, parent, name);
+}
+
+void op_symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
+  if (refused(req)) return;
+  become_caller(req);
+  if (::symlinkat(link, inode_of(req, parent).fd(), name) != 0)
+    return (void)fuse_reply_err(req, failed());
+  reply_entry_of(req, parent, name);
+}
+
+void op_link(fuse_req_t req, fuse_ino_t node, fuse_ino_t newparent, const char* newname) {
+  if (refused(req)) return;
+  become_caller(req);
+  // Through /proc: linkat(AT_EMPTY_PATH) would need CAP_DAC_READ_SEARCH of the caller.
+  std::string from = proc_path(inode_of(req, node).fd());
+  if (::linkat(AT_FDCWD, from.c_str(), inode_of(req, newparent).fd(), newname, AT_SYMLINK_FOLLOW) != 0)
+    return (void)fuse_reply_err(req, failed());
+  reply_entry_of(req, newparent, newname);
+}
+
+void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (refused(req)) return;
+  become_caller(req);
+  int rc = ::unlinkat(inode_of(req, parent).fd(), name, 0);
+  fuse_reply_err(req, rc == 0 ? 0 : failed());
+}
+
+void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  if (refused(req)) return;
+  become_caller(req);
+  int rc = ::unlinkat(inode_of(req, parent).fd(), name, AT_REMOVEDIR);
+  fuse_reply_err(req, rc == 0 ? 0 : failed());
+}
+
+void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
+               const char* newname, unsigned int flags) {
+  if (refused(req)) return;
+  become_caller(req);
+  int rc = ::renameat2(inode_of(req, parent).fd(), name, inode_of(req, newparent).fd(), newname, flags);
+  fuse_reply_err(req, rc == 0 ? 0 : failed());
+}
+
+// --- attributes -------------------------------------------------------------------------------
+
+void op_getattr(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
+  if (refused(req)) return;
+  become_caller(req);
+  struct stat st {};
+  int err = fi != nullptr ? (::fstat(borrow<OpenFile>(fi).fd.get(), &st) == 0 ? 0 : failed())
+                          : stat_inode(inode_of(req, node), &st);
+  if (err) return (void)fuse_reply_err(req, err);
+  fuse_reply_attr(req, &st, engine_of(req).options().attr_timeout);
+}
+
+int set_attributes(const Inode& inode, const struct stat& attr, int to_set, const fuse_file_info* fi) {
+  int fd = fi != nullptr ? borrow<OpenFile>(fi).fd.get() : -1;
+  std::string path = proc_path(inode.fd());
+  if (to_set & FUSE_SET_ATTR_MODE) {
+    if (inode.is_symlink()) return EOPNOTSUPP;
+    int rc = fd >= 0 ? ::fchmod(fd, attr.st_mode) : ::chmod(path.c_str(), attr.st_mode);
+    if (rc != 0) return failed();
+  }
+  if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+    uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr.st_uid : static_cast<uid_t>(-1);
+    gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr.st_gid : static_cast<gid_t>(-1);
+    if (::fchownat(inode.fd(), "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return failed();
+  }
+  if (to_set & FUSE_SET_ATTR_SIZE) {
+    int rc = fd >= 0 ? ::ftruncate(fd, attr.st_size) : ::truncate(path.c_str(), attr.st_size);
+    if (rc != 0) return failed();
+  }
+  if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
+    struct timespec times[2];
+    times[0].tv_nsec = UTIME_OMIT;
+    times[1].tv_nsec = UTIME_OMIT;
+    if (to_set & FUSE_SET_ATTR_ATIME_NOW) {
+      times[0].tv_nsec = UTIME_NOW;
+    } else if (to_set & FUSE_SET_ATTR_ATIME) {
+      times[0] = attr.st_atim;
+    }
+    if (to_set & FUSE_SET_ATTR_MTIME_NOW) {
+      times[1].tv_nsec = UTIME_NOW;
+    } else if (to_set & FUSE_SET_ATTR_MTIME) {
+      times[1] = attr.st_mtim;
+    }
+    int rc = fd >= 0 ? ::futimens(fd, times) : ::utimensat(AT_FDCWD, path.c_str(), times, 0);
+    if (rc != 0) return failed();
+  }
+  return 0;
+}
+
+void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, fuse_file_info* fi) {
+  if (refused(req)) return;
+  become_caller(req);
+  Inode& inode = inode_of(req, node);
+  int err = set_attributes(inode, *attr, to_set, fi);
+  if (err) return (void)fuse_reply_err(req, err);
+  op_getattr(req, node, fi);
+}
+
+void op_readlink(fuse_req_t req, fuse_ino_t node) {
+  become_caller(req);
+  std::vector<char> target(PATH_MAX + 1);
+  ssize_t n = ::readlinkat(inode_of(req, node).fd(), "", target.data(), target.size());
+  if (n < 0) return (void)fuse_reply_err(req, failed());
+  if (static_cast<size_t>(n) >= target.size()) return (void)fuse_reply_err(req, ENAMETOOLONG);
+  target[static_cast<size_t>(n)] = '\0';
+  fuse_reply_readlink(req, target.data());
+}
+
+void op_statfs(fuse_req_t req, fuse_ino_t node) {
+  become_caller(req);
+  struct statvfs st {};
+  if (::fstatvfs(inode_of(req, node).fd(), &st) != 0) return (void)fuse_reply_err(req, failed());
+  fuse_reply_statfs(req, &st);
+}
+
+// --- extended attributes: through /proc (an O_PATH descriptor takes none) ---------------------
+
+void op_setxattr(fuse_req_t req, fuse_ino_t node, const char* name, const char* value, size_t size,
+                 int flags) {
+  if (refused(req)) return;
+  become_caller(req);
+  Inode& inode = inode_of(req, node);
+  if (inode.is_symlink()) return (void)fuse_reply_err(req, EOPNOTSUPP);
+  int rc = ::setxattr(proc_path(inode.fd()).c_str(), name, value, size, flags);
+  fuse_reply_err(req, rc == 0 ? 0 : failed());
+}
+
+void op_getxattr(fuse_req_t req, fuse_ino_t node, const char* name, size_t size) {
+  become_caller(req);
+  Inode& inode = inode_of(req, node);
+  if (inode.is_symlink()) return (void)fuse_reply_err(req, ENODATA);
+  std::string path = proc_path(inode.fd());
+  if (size == 0) {
+    ssize_t n = ::getxattr(path.c_str(), name, nullptr, 0);
+    if (n < 0) return (void)fuse_reply_err(req, failed());
+    return (void)fuse_reply_xattr(req, static_cast<size_t>(n));
+  }
+  std::vector<char> value(size);
+  ssize_t n = ::getxattr(path.c_str(), name, value.data(), size);
+  if (n < 0) return (void)fuse_reply_err(req, failed());
+  fuse_reply_buf(req, value.data(), static_cast<size_t>(n));
+}
+
+void op_listxattr(fuse_req_t req, fuse_ino_t node, size_t size) {
+  become_caller(req);
+  Inode& inode = inode_of(req, node);
+  if (inode.is_symlink()) {
+    if (size == 0) return (void)fuse_reply_xattr(req, 0);
+    return (void)fuse_reply_buf(req, nullptr, 0);
+  }
+  std::string path = proc_path(inode.fd());
+  if (size == 0) {
+    ssize_t n = ::listxattr(path.c_str(), nullptr, 0);
+    if (n < 0) return (void)fuse_reply_err(req, failed());
+    return (void)fuse_reply_xattr(req, static_cast<size_t>(n));
+  }
+  std::vector<char> names(size);
+  ssize_t n = ::listxattr(path.c_str(), names.data(), size);
+  if (n < 0) return (void)fuse_reply_err(req, failed());
+  fuse_reply_buf(req, names.data(), static_cast<size_t>(n));
+}
+
+void op_removexattr(fuse_req_t req, fuse_ino_t node, const char* name) {
+  if (refused(req)) return;
+  become_caller(req);
+  Inode& inode = inode_of(req, node);
+  if (inode.is_symlink()) return (void)fuse_reply_err(req, EOPNOTSUPP);
+  int rc = ::removexattr(proc_path(inode.fd()).c_str(), name);
+  fuse_reply_err(req, rc == 0 ? 0 : failed());
+}
+
+// --- files ----------------------------------------------------------------------------------
+
+void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  if (refused(req)) return;
+  become_caller(req);
+  Engine& engine = engine_of(req);
+  int dir = inode_of(req, parent).fd();
+  bool bypass = false;
+  Fd fd = open_as_asked(
+      engine, fi->flags | O_CREAT, [&](int flags) { return ::openat(dir, name, flags, mode); },
+      &bypass);
+  if (!fd) return (void)fuse_reply_err(req, failed());
+  fuse_entry_param entry;
+  int err = look_up(engine, parent, name, &entry);
+  if (err) return (void)fuse_reply_err(req, err);
+  note_writer(req, engine.inodes().get(entry.ino), fi->flags);
+  auto file = std::make_unique<OpenFile>();
+  file->fd = std::move(fd);
+  file->direct = (fi->flags & O_DIRECT) != 0;
+  set_open_reply(fi, fi->flags, bypass);
+  fi->fh = hand_over(std::move(file));
+  if (fuse_reply_create(req, &entry, fi) != 0) {
+    take_back<OpenFile>(fi);  // the caller is gone: nobody will release it
+    engine.inodes().forget(entry.ino, 1);
+  }
+}
+
+void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
+  if (refused(req)) return;
+  become_caller(req);
+  Engine& engine = engine_of(req);
+  std::string path = proc_path(inode_of(req, node).fd());
+  bool bypass = false;
+  Fd fd = open_as_asked(
+      engine, fi->flags & ~O_CREAT, [&](int flags) { return ::open(path.c_str(), flags); },
+      &bypass);
+  if (!fd) return (void)fuse_reply_err(req, failed());
+  note_writer(req, inode_of(req, node), fi->flags);
+  auto file = std::make_unique<OpenFile>();
+  file->fd = std::move(fd);
+  file->direct = (fi->flags & O_DIRECT) != 0;
+  set_open_reply(fi, fi->flags, bypass);
+  fi->fh = hand_over(std::move(file));
+  if (fuse_reply_open(req, fi) != 0) take_back<OpenFile>(fi);
+}
+
+void read_direct(fuse_req_t req, int fd, size_t size, off_t off) {
+  char* buf = aligned_buffer(size);
+  if (buf == nullptr) return (void)fuse_reply_err(req, ENOMEM);
+  ssize_t n = ::pread(fd, buf, size, off);
+  if (n < 0) return (void)fuse_reply_err(req, failed());
+  fuse_reply_buf(req, buf, static_cast<size_t>(n));
+}
+
+void op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  if (borrow<OpenFile>(fi).direct) return read_direct(req, borrow<OpenFile>(fi).fd.get(), size, off);
+  fuse_bufvec data = FUSE_BUFVEC_INIT(size);
+  data.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+  data.buf[0].fd = borrow<OpenFile>(fi).fd.get();
+  data.buf[0].pos = off;
+  fuse_reply_data(req, &data, FUSE_BUF_SPLICE_MOVE);
+}
+
+void written(fuse_req_t req, fuse_ino_t node, ssize_t n) {
+  if (n <= 0) return;
+  inode_of(req, node).mark_written();
+  engine_of(req).count_written(static_cast<size_t>(n));
+}
+
+void write_direct(fuse_req_t req, fuse_ino_t node, int fd, fuse_bufvec* in, off_t off) {
+  size_t size = fuse_buf_size(in);
+  char* buf = aligned_buffer(size);
+  if (buf == nullptr) return (void)fuse_reply_err(req, ENOMEM);
+  fuse_bufvec staged = FUSE_BUFVEC_INIT(size);
+  staged.buf[0].mem = buf;
+  ssize_t copied = fuse_buf_copy(&staged, in, static_cast<fuse_buf_copy_flags>(0));
+  if (copied < 0) return (void)fuse_reply_err(req, static_cast<int>(-copied));
+  ssize_t n = ::pwrite(fd, buf, static_cast<size_t>(copied), off);
+  if (n < 0) return (void)fuse_reply_err(req, failed());
+  written(req, node, n);
+  fuse_reply_write(req, static_cast<size_t>(n));
+}
+
+void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, fuse_file_info* fi) {
+  // Without the writeback cache a write is the caller's own: refused once closing. With it,
+  // it is the kernel writing back pages already acknowledged: always taken.
+  if (!engine_of(req).writeback_cache() && refused(req)) return;
+  if (borrow<OpenFile>(fi).direct) return write_direct(req, node, borrow<OpenFile>(fi).fd.get(), in, off);
+  fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
+  out.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+  out.buf[0].fd = borrow<OpenFile>(fi).fd.get();
+  out.buf[0].pos = off;
+  ssize_t n = fuse_buf_copy(&out, in, static_cast<fuse_buf_copy_flags>(0));
+  if (n < 0) return (void)fuse_reply_err(req, static_cast<int>(-n));
+  written(req, node, n);
+  fuse_reply_write(req, static_cast<size_t>(n));
+}
+
+void op_flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  // Closing a duplicate makes NFS write back and report errors, as close(2) would, and keeps
+  // the descriptor the kernel releases later.
+  int dup = ::dup(borrow<OpenFile>(fi).fd.get());
+  if (dup < 0) return (void)fuse_reply_err(req, failed());
+  int rc = ::close(dup);
+  fuse_reply_err(req, rc == 0 ? 0 : failed());
+}
+
+void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  take_back<OpenFile>(fi);
+  fuse_reply_err(req, 0);
+}
+
+void op_fsync(fuse_req_t req, fuse_ino_t node, int datasync, fuse_file_info* fi) {
+  Inode& inode = inode_of(req, node);
+  bool owed = inode.take_unsynced();
+  int fd = borrow<OpenFile>(fi).fd.get();
+  int rc = datasync ? ::fdatasync(fd) : ::fsync(fd);
+  int err = rc == 0 ? 0 : failed();
+  if (err != 0 && owed) inode.mark_written();
+  fuse_reply_err(req, err);
+}
+
+void op_fallocate(fuse_req_t req, fuse_ino_t node, int mode, off_t off, off_t length,
+                  fuse_file_info* fi) {
+  if (refused(req)) return;
+  become_caller(req);
+  int rc = ::fallocate(borrow<OpenFile>(fi).fd.get(), mode, off, length);
+  if (rc == 0) inode_of(req, node).mark_written();
+  fuse_reply_err(req, rc == 0 ? 0 : failed());
+}
+
+// --- directories ------------------------------------------------------------------------------
+
+void op_opendir(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
+  if (refused(req)) return;
+  become_caller(req);
+  Fd fd(::openat(inode_of(req, node).fd(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) return (void)fuse_reply_err(req, failed());
+  auto dir = std::make_unique<OpenDir>();
+  dir->dir.reset(::fdopendir(fd.get()));
+  if (!dir->dir) return (void)fuse_reply_err(req, failed());
+  fd.release();  // the DIR owns it now
+  fi->fh = hand_over(std::move(dir));
+  if (fuse_reply_open(req, fi) != 0) take_back<OpenDir>(fi);
+}
+
+void op_readdir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  OpenDir& dir = borrow<OpenDir>(fi);
+  if (off != dir.offset) {
+    ::seekdir(dir.dir.get(), off);
+    dir.pending = nullptr;
+    dir.offset = off;
+  }
+  std::vector<char> buf(size);
+  size_t used = 0;
+  for (;;) {
+    struct dirent* entry = dir.pending;
+    if (entry == nullptr) {
+      errno = 0;
+      entry = ::readdir(dir.dir.get());
+      if (entry == nullptr) {
+        if (errno != 0 && used == 0) return (void)fuse_reply_err(req, errno);
+        break;
+      }
+    }
+    struct stat st {};
+    st.st_ino = entry->d_ino;
+    st.st_mode = static_cast<mode_t>(DTTOIF(entry->d_type));
+    off_t next = ::telldir(dir.dir.get());
+    size_t need = fuse_add_direntry(req, buf.data() + used, size - used, entry->d_name, &st, next);
+    if (need > size - used) {
+      dir.pending = entry;  // the next call starts with it
+      break;
+    }
+    used += need;
+    dir.pending = nullptr;
+    dir.offset = next;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void op_releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  take_back<OpenDir>(fi);
+  fuse_reply_err(req, 0);
+}
+
+void op_fsyncdir(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
+  int fd = ::dirfd(borrow<OpenDir>(fi).dir.get());
+  int rc = datasync ? ::fdatasync(fd) : ::fsync(fd);
+  fuse_reply_err(req, rc == 0 ? 0 : failed());
+}
+
+fuse_lowlevel_ops make_operations(bool xattrs) {
+  fuse_lowlevel_ops ops{};
+  ops.init = op_init;
+  ops.lookup = op_lookup;
+  ops.forget = op_forget;
+  ops.forget_multi = op_forget_multi;
+  ops.getattr = op_getattr;
+  ops.setattr = op_setattr;
+  ops.readlink = op_readlink;
+  ops.mknod = op_mknod;
+  ops.mkdir = op_mkdir;
+  ops.unlink = op_unlink;
+  ops.rmdir = op_rmdir;
+  ops.symlink = op_symlink;
+  ops.rename = op_rename;
+  ops.link = op_link;
+  ops.open = op_open;
+  ops.read = op_read;
+  ops.write_buf = op_write_buf;
+  ops.flush = op_flush;
+  ops.release = op_release;
+  ops.fsync = op_fsync;
+  ops.opendir = op_opendir;
+  ops.readdir = op_readdir;
+  ops.releasedir = op_releasedir;
+  ops.fsyncdir = op_fsyncdir;
+  ops.statfs = op_statfs;
+  if (xattrs) {
+    // Without them the kernel is answered ENOSYS once and asks no more (no getxattr of
+    // security.capability before every write()), as a target without xattrs would want.
+    ops.setxattr = op_setxattr;
+    ops.getxattr = op_getxattr;
+    ops.listxattr = op_listxattr;
+    ops.removexattr = op_removexattr;
+  }
+  ops.create = op_create;
+  ops.fallocate = op_fallocate;
+  // No lseek: with the writeback cache, data not yet written back would read as a hole
+  // (ENXIO). The kernel answers SEEK_DATA/SEEK_HOLE itself, as for the Python data plane. No
+  // copy_file_range either: the kernel copies through read and write, each one metered.
+  // No lseek: with the writeback cache, data not yet written back would read as a hole
+  // (ENXIO). The kernel answers SEEK_DATA/SEEK_HOLE itself, as for the Python data plane. No
+  // copy_file_range either: the kernel copies through read and write, each one metered.
+  return ops;
+}
+
+}  // namespace
+
+const fuse_lowlevel_ops& operations(bool xattrs) {
+  static const fuse_lowlevel_ops with = make_operations(true);
+  static const fuse_lowlevel_ops without = make_operations(false);
+  return xattrs ? with : without;
+}
+
+}  // namespace ft

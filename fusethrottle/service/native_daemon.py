@@ -1,0 +1,233 @@
+"""Run one mount on the native engine: C++ threads serve every FUSE request, this process keeps
+the daemon's life (readiness, signals, the stop), as daemon.py does for the Python data plane.
+
+The engine's first step (issue 35): requests are passed through as their callers, with the
+writeback cache and the daemon's memory cgroup; the write window, injected fsyncs, metering,
+metrics and status are still the Python data plane's alone (options.NATIVE_UNSUPPORTED refuses
+the options that would need them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from .. import _libc
+from ..engine.native import EngineConfig, EngineUnavailable, NativeEngine
+from ..target.target_calls import target_has_xattrs
+from ..trio_compat import ABANDON_KW as _ABANDON_KW
+from . import sdnotify
+from .mount import fuse_options
+from .mountinfo import find_mount
+from .options import Config
+from .placement import Placement
+from .readiness import stat_from_child
+
+log = logging.getLogger(__name__)
+
+#: Longer than the kernel's longest dirty-throttling pause (200 ms), as daemon.py's.
+CACHE_QUIET_PAUSE = 0.3
+#: How long the loop may take to notice the stop before the connection is aborted.
+LOOP_END_GRACE = 2.0
+#: Request threads of the engine at most (the kernel's max_background is 12 by default).
+MAX_THREADS = 16
+
+
+def serve_xattrs(config: Config) -> bool:
+    """xattrs=auto: exactly when the target stores them (NFSv3 and EFS do not)."""
+    if config.xattrs != "auto":
+        return config.xattrs == "on"
+    fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return target_has_xattrs(fd)
+    finally:
+        os.close(fd)
+
+
+def engine_config(config: Config) -> EngineConfig:
+    return EngineConfig(
+        source=os.path.realpath(config.source),
+        mountpoint=config.mountpoint,
+        fuse_options=tuple(sorted(fuse_options(config))),
+        writeback_cache=config.writeback_cache,
+        attr_timeout=config.attr_timeout,
+        max_threads=max(MAX_THREADS, config.threads),
+        switch_credentials=config.credentials == "caller" and os.geteuid() == 0,
+        xattrs=serve_xattrs(config),
+    )
+
+
+def serve_native(placement: Placement, on_ready: Callable[[], None] | None = None) -> int:
+    """Mount with the engine and serve until unmounted; returns the exit code."""
+    config = placement.config
+    try:
+        engine = NativeEngine.mount(engine_config(config))
+    except (EngineUnavailable, OSError) as err:
+        log.error("fusethrottle: %s", err)
+        return 1
+    try:
+        return trio.run(NativeDaemon(engine, placement, on_ready).run)
+    finally:
+        engine.free()
+
+
+class NativeDaemon:
+    """Waits on the engine's loop (in a thread) and stops it when told to."""
+
+    def __init__(
+        self,
+        engine: NativeEngine,
+        placement: Placement,
+        on_ready: Callable[[], None] | None,
+    ) -> None:
+        self.engine = engine
+        self.placement = placement
+        self.config = placement.config
+        self.on_ready = on_ready
+        self.exit_code = 0
+        self._device: str | None = None
+        self._served = trio.Event()
+
+    async def run(self) -> int:
+        info = find_mount(self.config.mountpoint, fstype="fuse.fusethrottle")
+        self._device = info.device if info else None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._signals)
+            nursery.start_soon(self._announce_ready)
+            rc = await trio.to_thread.run_sync(self.engine.serve)
+            self._served.set()
+            nursery.cancel_scope.cancel()
+        if rc not in (0, -errno.EINTR):
+            log.error("the engine's request loop failed: %s", os.strerror(-rc))
+            self.exit_code = 1
+        await self._sync_everything()
+        return self.exit_code
+
+    async def _sync_everything(self) -> None:
+        """After the last request: fsync every file written since its last fsync (an unmount
+        wrote the kernel's cache back first)."""
+        failed = await trio.to_thread.run_sync(self.engine.sync_all)
+        failed += self.engine.stats().lost_syncs
+        if failed:
+            log.error("%d file(s) written through the mount could not be synced", failed)
+            self.exit_code = 1
+        else:
+            log.info("all data synced")
+
+    async def _announce_ready(self) -> None:
+        mountpoint = self.config.mountpoint
+        problem = await trio.to_thread.run_sync(stat_from_child, mountpoint, **_ABANDON_KW)
+        if problem is not None:
+            if self._served.is_set():
+                return
+            log.error("mount at %s does not answer: %s", mountpoint, problem)
+            return
+        stats = self.engine.stats()
+        log.info(
+            "mounted %s on %s with the native engine (writeback cache %s); it passes requests "
+            "through as their callers and keeps no write window yet",
+            self.config.source,
+            mountpoint,
+            "on" if stats.writeback_cache else "off",
+        )
+        cgroup = self.placement.cgroup
+        if cgroup.path is not None:
+            log.info("page cache of the target is charged to the memory cgroup %s", cgroup.path)
+        elif cgroup.reason:
+            log.info("the daemon stays in its memory cgroup: %s", cgroup.reason)
+        if self.placement.direct_writes is not None:
+            log.info(
+                "the native engine writes through the target's page cache (%s: direct writes "
+                "are the Python data plane's for now)",
+                self.placement.direct_writes,
+            )
+        sdnotify.notify("READY=1")
+        if self.on_ready is not None:
+            self.on_ready()
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    continue
+                log.info("%s: flushing and unmounting", signal.Signals(signum).name)
+                await self.stop()
+
+    async def stop(self) -> None:
+        """Close the cache, have the kernel write back what it holds while the engine still
+        serves (until a pass brings nothing new), unmount, and end the loop: at once if the
+        kernel holds on (a file still open), by aborting the connection. Bounded by
+        unmount_timeout."""
+        sdnotify.notify("STOPPING=1")
+        deadline = trio.current_time() + self.config.unmount_timeout
+        fd: int | None = None
+        with trio.move_on_at(deadline):
+            try:
+                fd = await trio.to_thread.run_sync(
+                    os.open, self.config.mountpoint, os.O_RDONLY | os.O_DIRECTORY, **_ABANDON_KW
+                )
+            except OSError as err:
+                log.error("cannot write back the kernel's cache: %s", err)
+                self.exit_code = 1
+        await trio.to_thread.run_sync(self.engine.close_the_cache)
+        try:
+            if fd is not None:
+                with trio.move_on_at(deadline):
+                    await self._write_back(fd)
+            await trio.to_thread.run_sync(self.engine.stop)
+            if fd is not None:
+                # The loop notices the stop when it takes its next request: this one (the
+                # attributes were expired, so the kernel must ask; the answer is ENOTCONN, from
+                # the engine alone: no call to the target, so it cannot hang this thread).
+                with trio.move_on_after(LOOP_END_GRACE):
+                    await trio.to_thread.run_sync(_poke, fd, **_ABANDON_KW)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        with trio.move_on_after(LOOP_END_GRACE):
+            await self._served.wait()
+            return
+        self._abort()
+
+    async def _write_back(self, fd: int) -> None:
+        """syncfs on the mount until a pass brings nothing new (a write() already copying
+        into the cache when it closed may dirty pages for up to 200 ms more)."""
+        try:
+            while True:
+                before = self.engine.stats().written_bytes
+                await trio.to_thread.run_sync(_libc.syncfs, fd, **_ABANDON_KW)
+                await trio.sleep(CACHE_QUIET_PAUSE)
+                await trio.to_thread.run_sync(_libc.syncfs, fd, **_ABANDON_KW)
+                if self.engine.stats().written_bytes == before:
+                    return
+        except OSError as err:
+            log.error("writing back the kernel's cache failed: %s", err)
+            self.exit_code = 1
+
+    def _abort(self) -> None:
+        """End a connection the loop cannot leave by itself (every thread waits on a hung
+        target): the kernel fails what is still waiting, with nothing acknowledged lost."""
+        if self._device is None:
+            return
+        minor = self._device.partition(":")[2]
+        control = Path("/sys/fs/fuse/connections")
+        if not (control / minor).exists():
+            subprocess.run(["mount", "-t", "fusectl", "fusectl", str(control)], capture_output=True)
+        try:
+            (control / minor / "abort").write_text("1")
+            log.info("the FUSE connection %s was aborted to end the request loop", minor)
+        except OSError as err:
+            log.error("cannot abort the FUSE connection %s: %s", minor, err)
+
+
+def _poke(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.fstat(fd)
