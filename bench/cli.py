@@ -38,8 +38,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--target",
         action="append",
-        help="loop (built-in throttled ext4), tmpfs, rootdir, or a directory such as your NFS "
-        "mount (repeatable)",
+        help="loop (built-in throttled ext4), zram (the same on a device of its own, not the "
+        "neighbour's disk), tmpfs, rootdir, or a directory such as your NFS mount (repeatable)",
     )
     r.add_argument(
         "--throttle",
@@ -178,14 +178,19 @@ def plan_record(plan: Plan) -> dict[str, object]:
 
 def preflight(plan: Plan) -> None:
     """Fail before touching anything: root, tools, kernel interfaces."""
-    from bench.system import BLKIO_WRITE_BPS, BenchError
+    from bench.plan import THROTTLED_DEVICES
+    from bench.system import BLKIO_WRITE_BPS, ZRAM_CONTROL, BenchError
 
     why = plan.needs_root()
     if why and os.geteuid() != 0:
         raise BenchError(f"needs root for {', '.join(why)}: run it as root (sudo)")
     tools = set()
-    if any(t.kind == "loop" for t in plan.targets):
-        tools |= {"losetup", "mkfs.ext4", "mount", "umount"}
+    if any(t.kind in THROTTLED_DEVICES for t in plan.targets):
+        tools |= {"mkfs.ext4", "mount", "umount"}
+        if any(t.kind == "loop" for t in plan.targets):
+            tools.add("losetup")
+        if any(t.kind == "zram" for t in plan.targets) and not ZRAM_CONTROL.exists():
+            raise BenchError("--target zram: no zram module (modprobe zram)")
         if not BLKIO_WRITE_BPS.exists():
             raise BenchError(f"no cgroup-v1 blkio throttle at {BLKIO_WRITE_BPS}")
     kinds = {w.kind for w in plan.workloads}

@@ -6,6 +6,12 @@ shared cgroup, fusethrottle's un-synced bytes, window and fsync p50/p99, the nei
 how long stat and readdir on the mount took, and the backup's worst write()). Reads the raw
 samples.csv, victim.csv, writer.csv and probe.csv of RUN_DIR; prints a Markdown table, one line
 per arm, repeat and phase.
+
+Then the bytes each arm put on the target while the schedule ran, against the reference arm
+(``--reference``, direct-bdi) of the same repeat. The summary's "backup vs direct-bdi" divides
+by the time until the data was durable, which after the schedule's end runs at its last (fast)
+rate: an arm that kept more buffered drains more of it there and shows a higher rate for it.
+Over the schedule itself both arms had the same target.
 """
 
 from __future__ import annotations
@@ -134,12 +140,59 @@ def phase_table(run: Path, schedule: str) -> str:
     return "\n".join(lines)
 
 
+def _counter_at(rows: list[dict[str, str]], t: float) -> float | None:
+    """The absorbed-bytes counter at *t* (linear between the two samples around it)."""
+    points = [(float(r["t"]), v) for r in rows if (v := _num(r["absorbed"])) is not None]
+    before = [p for p in points if p[0] <= t]
+    after = [p for p in points if p[0] >= t]
+    if not before or not after:
+        return None
+    (t0, v0), (t1, v1) = before[-1], after[0]
+    return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+
+
+def schedule_bytes(run: Path, schedule: str, reference: str = "direct-bdi") -> str:
+    """Bytes on the target between the schedule's start and end, per arm and repeat, and
+    against *reference* in the same repeat: the backup's speed with the same target."""
+    end = sum(step.seconds for step in parse_schedule(schedule))
+    samples = _read(run / "samples.csv") if (run / "samples.csv").exists() else {}
+    on_target: dict[str, dict[str, float]] = defaultdict(dict)  # arm -> repeat -> bytes
+    for cell, rows in samples.items():
+        first, last = _counter_at(rows, 0.0), _counter_at(rows, end)
+        if first is None or last is None:
+            continue
+        arm, _, repeat = _arm_label(cell).rpartition(" r")
+        on_target[arm][repeat] = last - first
+    lines = [
+        f"| arm | MiB on the target in the schedule's {end:g} s, each repeat "
+        f"| vs {reference} of the same repeat (median, worst) |",
+        "|---|---|---|",
+    ]
+    base = on_target.get(reference, {})
+    for arm, repeats in on_target.items():
+        if max(repeats.values()) < MiB:
+            continue  # the idle arm: no backup
+        order = sorted(repeats, key=int)
+        ratios = sorted(repeats[r] / base[r] for r in order if base.get(r))
+        vs = (
+            f"{percentile(ratios, 50):.3f}, {ratios[0]:.3f}" if ratios and arm != reference else "-"
+        )
+        each = " ".join(f"{repeats[r] / MiB:.0f}" for r in order)
+        lines.append(f"| {arm} | {each} | {vs} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.phases", description=__doc__)
     parser.add_argument("run", type=Path, help="a run directory written by python -m bench run")
     parser.add_argument("schedule", help='the rate schedule of that run, e.g. "20M:30s,1M:60s"')
+    parser.add_argument(
+        "--reference", default="direct-bdi", help="the arm the bytes are compared with"
+    )
     args = parser.parse_args(argv)
     print(phase_table(args.run, args.schedule))
+    print()
+    print(schedule_bytes(args.run, args.schedule, args.reference))
     return 0
 
 

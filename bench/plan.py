@@ -299,7 +299,9 @@ def fsync_skip_reason(workload: WorkloadSpec) -> str | None:
 
 # --- targets ------------------------------------------------------------------------------------
 
-BUILTIN_TARGETS = ("loop", "tmpfs", "rootdir")
+BUILTIN_TARGETS = ("loop", "zram", "tmpfs", "rootdir")
+#: The built-in targets the harness throttles (blkio on their block device).
+THROTTLED_DEVICES = ("loop", "zram")
 
 
 @dataclass(frozen=True)
@@ -318,20 +320,20 @@ class TargetSpec:
     @property
     def throttled(self) -> bool:
         """Does the harness set this target's rate (and so its schedule apply)?"""
-        return self.kind == "loop" or bool(self.throttle)
+        return self.kind in THROTTLED_DEVICES or bool(self.throttle)
 
     @property
     def label(self) -> str:
-        if self.kind == "loop":
-            return f"loop@{format_schedule(self.schedule)}"
+        if self.kind in THROTTLED_DEVICES:
+            return f"{self.kind}@{format_schedule(self.schedule)}"
         if self.throttle:
             return f"{self.path}@{self.throttle}@{format_schedule(self.schedule)}"
         return self.kind if self.kind != "path" else self.path
 
 
 def parse_target(text: str, throttle: str = "") -> TargetSpec:
-    """``loop``/``tmpfs``/``rootdir`` are built in; anything containing ``/`` is a directory,
-    which *throttle* (``tc:DEV``) makes a throttled one."""
+    """``loop``/``zram``/``tmpfs``/``rootdir`` are built in; anything containing ``/`` is a
+    directory, which *throttle* (``tc:DEV``) makes a throttled one."""
     if text in BUILTIN_TARGETS:
         return TargetSpec(text)
     if "/" not in text:

@@ -465,6 +465,17 @@ def _act_losetup_detach(dev: str, image: str) -> None:
         run(["losetup", "-d", dev], check=False)
 
 
+ZRAM_CONTROL = Path("/sys/class/zram-control")
+
+
+def _act_zram_remove(number: str) -> None:
+    """Free a zram disk the harness added (its memory goes with it)."""
+    if not Path(f"/sys/block/zram{number}").exists():
+        return
+    write_sysfs(f"/sys/block/zram{number}/reset", "1")
+    write_sysfs(ZRAM_CONTROL / "hot_remove", number)
+
+
 def _act_rmtree(path: str) -> None:
     """Remove a work directory, but never recurse through a mount left inside it."""
     inside = [
@@ -529,6 +540,7 @@ ACTIONS: dict[str, Callable[..., None]] = {
     "umount": _act_umount,
     "fusermount": _act_fusermount,
     "losetup-detach": _act_losetup_detach,
+    "zram-remove": _act_zram_remove,
     "rmtree": _act_rmtree,
     "remove-cgroup": _act_remove_cgroup,
     "kill": _act_kill,

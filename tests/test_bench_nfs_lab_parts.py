@@ -3,6 +3,7 @@ commands, a throttled directory target in the plan, and the two-VM layout's qemu
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,13 @@ def test_a_writer_the_oom_killer_took_is_a_result(tmp_path: Path) -> None:
     res = _killed_writer(child, ctx)  # type: ignore[arg-type]
     assert res.bytes == 5 << 20 and res.seconds == 10.0 and res.write_max == 2.5
     assert res.extra == {"writer_killed": 1.0}
+
+
+def test_the_zram_target_is_throttled_like_the_loop_target() -> None:
+    """--target zram: the loop target's throttled ext4 on a device of its own, so a rate
+    schedule applies to it and its label names it."""
+    spec = parse_target("zram")
+    assert spec.throttled
+    steps = parse_schedule("20M:20s,256K:40s")
+    assert replace(spec, schedule=steps).label == "zram@20M:20s,256K:40s"
+    assert not parse_target("tmpfs").throttled

@@ -203,6 +203,23 @@ def test_the_phase_table_ranks_the_neighbours_p99_as_every_report_does(tmp_path:
     assert "| 99.0 / 100 |" in row, row
 
 
+def test_bytes_in_the_schedule_ignore_what_an_arm_drains_after_it(tmp_path: Path) -> None:
+    """Two arms with the same target over a 10 s schedule: one put 100 MiB on it by the end,
+    the other 99 MiB and then drained 40 MiB more after the end (its buffer). Over the
+    schedule the second did 0.99x the first, whatever its rate until durable says."""
+    columns = ("cell", "t", "absorbed")
+    lines = [",".join(columns)]
+    for t in range(0, 15):
+        lines.append(f"001-seq-direct-bdi-r1,{t},{min(t, 10) * 10 * MiB}")
+        drained = t * 9.9 * MiB if t <= 10 else 99 * MiB + (t - 10) * 10 * MiB
+        lines.append(f"002-seq-ft-adaptive-r1,{t},{drained}")
+    (tmp_path / "samples.csv").write_text("\n".join(lines) + "\n")
+    table = phases.schedule_bytes(tmp_path, "10M:10s")
+    ft = next(line for line in table.splitlines() if line.startswith("| ft-adaptive |"))
+    assert ft == "| ft-adaptive | 99 | 0.990, 0.990 |", table
+    assert "| direct-bdi | 100 | - |" in table
+
+
 def test_a_stepping_device_counter_gives_its_average_rate() -> None:
     # A throttle that hands out 8 MiB every 8 s: 1 MiB/s, whichever phase edge we cut at.
     points = [(t / 4, float((int(t / 4 + 3) // 8) * 8 * MiB)) for t in range(240)]
