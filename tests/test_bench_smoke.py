@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import gzip
 import json
 import math
 import os
@@ -709,3 +710,16 @@ def test_ctrl_c_during_the_c_arm_unmounts_it(tmp_path: Path) -> None:
     run = json.loads((out / "run.json").read_text())
     assert leftovers(run["pid"]) == []
     assert processes_mounting_under(run["pid"]) == []
+
+
+def test_committed_cells_may_be_gzipped(tmp_path: Path) -> None:
+    """bench/results keeps cells.jsonl gzipped where the clone's size asks for it: the report
+    reads them the same."""
+    from bench.results import read_cells
+
+    cells = [{"cell": "001-seq-idle-r1", "status": "ok"}, {"cell": "002-seq-direct-r1"}]
+    text = "".join(json.dumps(c) + "\n" for c in cells)
+    (tmp_path / "cells.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    assert read_cells(tmp_path) == cells
+    (tmp_path / "cells.jsonl").write_text(text[: text.index("\n") + 1])  # the plain one wins
+    assert read_cells(tmp_path) == cells[:1]
