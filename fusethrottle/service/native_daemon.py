@@ -219,13 +219,21 @@ class NativeDaemon:
             return
         minor = self._device.partition(":")[2]
         control = Path("/sys/fs/fuse/connections")
-        if not (control / minor).exists():
-            subprocess.run(["mount", "-t", "fusectl", "fusectl", str(control)], capture_output=True)
+        # fusectl for the moment if nobody has it mounted, and unmounted again after.
+        mounted = not (control / minor).exists() and (
+            subprocess.run(
+                ["mount", "-t", "fusectl", "fusectl", str(control)], capture_output=True
+            ).returncode
+            == 0
+        )
         try:
             (control / minor / "abort").write_text("1")
             log.info("the FUSE connection %s was aborted to end the request loop", minor)
         except OSError as err:
             log.error("cannot abort the FUSE connection %s: %s", minor, err)
+        finally:
+            if mounted:
+                subprocess.run(["umount", str(control)], capture_output=True)
 
 
 def _poke(fd: int) -> None:
