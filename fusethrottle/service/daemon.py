@@ -345,7 +345,6 @@ def heap_trim_due(now: float, last_request: float, last_trim: float) -> bool:
     return now - last_request >= HEAP_TRIM_IDLE and now - last_trim >= HEAP_TRIM_INTERVAL
 
 
-#: The child that asks the mount for its root's attributes; prints why it could not.
 def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
     """Mount and serve until unmounted; returns the process exit code."""
     os.umask(0)  # the kernel already applied the caller's umask to every mode we receive

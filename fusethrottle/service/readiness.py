@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+#: The child that asks the mount for its root's attributes; prints why it could not.
 _STAT_CHILD = """
 import os, sys
 try:
