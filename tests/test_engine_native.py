@@ -1,13 +1,15 @@
 """engine=native: the C++ request loop (fusethrottle/engine) under the Python control plane.
 
-The option rules first (pure), then real mounts: the engine really serves them, a file the
-kernel forgot before the end is synced on the target all the same, a missing library is one
-clear line. The rest of the suite runs on the engine with FUSETHROTTLE_TEST_ENGINE=native
-(scripts/test names the files it passes so far).
+The option rules and the status view first (pure), then real mounts: the engine really serves
+them, injects fsyncs in batches while a file is written and when it is closed, a file the kernel
+forgot before the end is synced on the target all the same (even with injection off), status
+answers, a missing library is one clear line. The rest of the suite runs on the engine with
+FUSETHROTTLE_TEST_ENGINE=native (scripts/test names the files it passes so far).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -17,8 +19,10 @@ import pytest
 from conftest import MakeMount
 from mount_util import FUSETHROTTLE, wait_for
 
-from fusethrottle.engine.native import LIBRARY_ENV, library_path
+from fusethrottle.engine.native import LIBRARY_ENV, EngineStats, library_path
+from fusethrottle.observability.native_status import FsyncLog, format_native_status, native_status
 from fusethrottle.service.options import NATIVE_UNSUPPORTED, OptionError, parse_options
+from fusethrottle.window.controller import make_controller
 
 needs_engine = pytest.mark.skipif(
     not library_path().exists(), reason="the native engine is not built (scripts/install)"
@@ -55,6 +59,43 @@ def test_what_the_native_engine_does_not_serve_yet_is_refused_not_ignored(option
     parse_options([option])  # the Python data plane takes it
 
 
+def test_a_native_mounts_status_says_what_the_engine_counted() -> None:
+    config = parse_options(
+        ["engine=native", "mode=static", "window=64M"], source="/src", mountpoint="/mnt"
+    )
+    stats = EngineStats(
+        known_files=7,
+        writeback_cache=True,
+        written_bytes=900 << 20,
+        window_bytes=48 << 20,
+        unsynced_bytes=24 << 20,
+        unsynced_high=50 << 20,
+        dirty_files=2,
+        oldest_age=1.5,
+        fsyncs=30,
+        fsync_errors=1,
+        throttled_writes=5,
+    )
+    fsyncs = FsyncLog()
+    fsyncs.add(at=100.0, seconds=0.5, reason="batch")
+    fsyncs.add(at=100.0, seconds=2.0, reason="release")
+    fsyncs.add(at=-500.0, seconds=9.0, reason="batch")  # older than the recent span
+    answer = native_status(
+        config, 0.0, stats, make_controller(config), 64 << 20, 16 << 20, fsyncs, now=101.0
+    )
+    assert answer["engine"] == "native"
+    assert answer["unsynced_bytes"] == 24 << 20
+    assert answer["controller"]["window"] == 64 << 20
+    assert answer["fsyncs_by_reason"] == {"batch": 2, "release": 1}
+    assert answer["fsync_recent"]["samples"] == 2
+    assert answer["fsync_recent"]["max"] == 2.0
+    text = format_native_status(json.loads(json.dumps(answer)), now=60.0)
+    assert "24.0 MiB of 48.0 MiB admitted to the target (50%), 2 file(s)" in text, text
+    assert "at most 50.0 MiB so far" in text, text
+    assert "5 throttled" in text, text
+    assert "by reason: batch 2, release 1" in text, text
+
+
 def _maps(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
@@ -77,9 +118,12 @@ def test_a_file_the_kernel_forgot_is_synced_on_the_target_before_the_end(
     make_memfs: Any, make_mount: MakeMount
 ) -> None:
     """A written, closed file whose inode the kernel evicts leaves the engine's table; its data
-    must be fsynced on the target then (nothing could find the file at the end)."""
+    must be fsynced on the target then (nothing could find the file at the end). mode=off: no
+    release sync does it first."""
     target, record = make_memfs("target")
-    ft = make_mount(source=target.mountpoint, options=("engine=native",), name="over-memfs")
+    ft = make_mount(
+        source=target.mountpoint, options=("engine=native", "mode=off"), name="over-memfs"
+    )
     names = [f"f{i}" for i in range(20)]
     for name in names:
         (ft.mountpoint / name).write_bytes(name.encode() * 1000)
@@ -108,3 +152,47 @@ def test_a_missing_engine_is_one_clear_line(workdir: Path) -> None:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines and "is not built" in lines[-1], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _fsyncs_of(record: Path, name: str) -> int:
+    return sum(1 for line in record.read_text().splitlines() if line.startswith(f"fsync {name} "))
+
+
+@pytest.mark.mount
+@needs_engine
+def test_a_file_being_written_is_fsynced_in_batches_before_it_is_closed(
+    make_memfs: Any, make_mount: MakeMount
+) -> None:
+    """What bounds the dirty data of a slow target: a file still open and being written is
+    fsynced on the target every batch, not once at its close."""
+    target, record = make_memfs("target")
+    ft = make_mount(
+        source=target.mountpoint,
+        options=("engine=native", "mode=static", "batch=4M", "window=16M"),
+        name="over-memfs",
+    )
+    block = os.urandom(1 << 20)
+    with open(ft.mountpoint / "big", "wb", buffering=0) as f:
+        for _ in range(48):
+            f.write(block)
+        assert wait_for(lambda: _fsyncs_of(record, "big") >= 3, 60), record.read_text()[-2000:]
+    assert ft.stop() == 0
+    assert (target.mountpoint / "big").read_bytes() == block * 48
+
+
+@pytest.mark.mount
+@needs_engine
+def test_a_closed_file_is_fsynced_without_waiting_for_the_end(
+    make_memfs: Any, make_mount: MakeMount
+) -> None:
+    target, record = make_memfs("target")
+    ft = make_mount(source=target.mountpoint, options=("engine=native",), name="over-memfs")
+    (ft.mountpoint / "small").write_bytes(b"closed, so synced" * 100)
+    assert wait_for(lambda: _fsyncs_of(record, "small") >= 1, 30), record.read_text()[-2000:]
+    status = subprocess.run(
+        [FUSETHROTTLE, "status", str(ft.mountpoint)], capture_output=True, text=True, timeout=30
+    )
+    assert status.returncode == 0, status.stderr
+    assert "native engine" in status.stdout, status.stdout
+    assert "by reason: release 1" in status.stdout, status.stdout
+    assert ft.stop() == 0

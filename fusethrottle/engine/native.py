@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: Must match FT_ENGINE_ABI of the library.
-ABI = 3
+ABI = 4
 LIBRARY = Path(__file__).with_name("libfusethrottle_engine.so")
 LIBRARY_ENV = "FUSETHROTTLE_ENGINE_LIBRARY"
 _ERROR_SIZE = 512
@@ -34,6 +34,15 @@ class _Config(ctypes.Structure):
         ("max_threads", ctypes.c_uint),
         ("switch_credentials", ctypes.c_int),
         ("xattrs", ctypes.c_int),
+        ("enforce", ctypes.c_int),
+        ("inject", ctypes.c_int),
+        ("window", ctypes.c_uint64),
+        ("batch", ctypes.c_uint64),
+        ("max_age", ctypes.c_double),
+        ("admission_timeout", ctypes.c_double),
+        ("writeback_pieces", ctypes.c_int),
+        ("drop_synced", ctypes.c_int),
+        ("sync_threads", ctypes.c_uint),
     )
 
 
@@ -42,8 +51,47 @@ class _Stats(ctypes.Structure):
         ("known_files", ctypes.c_uint64),
         ("writeback_cache", ctypes.c_int),
         ("written_bytes", ctypes.c_uint64),
-        ("lost_syncs", ctypes.c_uint64),
+        ("window_bytes", ctypes.c_uint64),
+        ("unsynced_bytes", ctypes.c_uint64),
+        ("reserved_bytes", ctypes.c_uint64),
+        ("syncing_bytes", ctypes.c_uint64),
+        ("unsynced_high", ctypes.c_uint64),
+        ("dirty_files", ctypes.c_uint64),
+        ("oldest_age", ctypes.c_double),
+        ("synced_bytes", ctypes.c_uint64),
+        ("fsyncs", ctypes.c_uint64),
+        ("fsync_errors", ctypes.c_uint64),
+        ("fsyncs_in_flight", ctypes.c_uint64),
+        ("waiting_writes", ctypes.c_uint64),
+        ("throttled_writes", ctypes.c_uint64),
+        ("paced_writes", ctypes.c_uint64),
+        ("admission_timeouts", ctypes.c_uint64),
+        ("admission_wait_seconds", ctypes.c_double),
+        ("events_dropped", ctypes.c_uint64),
     )
+
+
+class _Event(ctypes.Structure):
+    _fields_ = (
+        ("kind", ctypes.c_uint32),
+        ("reason", ctypes.c_uint32),
+        ("error", ctypes.c_int32),
+        ("unused", ctypes.c_uint32),
+        ("node", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("seconds", ctypes.c_double),
+        ("at", ctypes.c_double),
+        ("path", ctypes.c_char * 256),
+    )
+
+
+#: FT_EVENT_SYNC: an injected fsync ended.
+EVENT_SYNC = 1
+#: FT_EVENT_LOST: the target failed to store some of a file's data.
+EVENT_LOST = 2
+#: The reasons of FT_EVENT_SYNC, by code (the names the Python data plane's metrics use).
+SYNC_REASONS = {1: "batch", 2: "release", 3: "age", 4: "window", 5: "forget", 6: "unmount"}
+_EVENTS_AT_ONCE = 256
 
 
 @dataclass(frozen=True)
@@ -56,6 +104,15 @@ class EngineConfig:
     max_threads: int
     switch_credentials: bool
     xattrs: bool
+    #: The gate holds writes back (mode=off: it does not, and nothing is injected).
+    enforce: bool = True
+    window: int = 256 << 20
+    batch: int = 64 << 20
+    max_age: float = 30.0
+    admission_timeout: float = 60.0
+    writeback_pieces: bool = True
+    drop_synced: bool = True
+    sync_threads: int = 4
 
 
 @dataclass(frozen=True)
@@ -63,8 +120,45 @@ class EngineStats:
     known_files: int
     writeback_cache: bool
     written_bytes: int
-    #: Files whose fsync failed as the kernel forgot them.
-    lost_syncs: int
+    window_bytes: int = 0
+    unsynced_bytes: int = 0
+    reserved_bytes: int = 0
+    syncing_bytes: int = 0
+    #: The most ever un-synced at once.
+    unsynced_high: int = 0
+    dirty_files: int = 0
+    oldest_age: float = 0.0
+    synced_bytes: int = 0
+    fsyncs: int = 0
+    fsync_errors: int = 0
+    fsyncs_in_flight: int = 0
+    waiting_writes: int = 0
+    throttled_writes: int = 0
+    paced_writes: int = 0
+    admission_timeouts: int = 0
+    admission_wait_seconds: float = 0.0
+    events_dropped: int = 0
+
+
+@dataclass(frozen=True)
+class SyncEvent:
+    """An injected fsync ended (FT_EVENT_SYNC)."""
+
+    reason: str
+    error: int  # 0: durable
+    node: int
+    nbytes: int
+    seconds: float
+    at: float  # time.monotonic()'s clock
+
+
+@dataclass(frozen=True)
+class LostEvent:
+    """The target failed to store some of a file's data (its writer was told)."""
+
+    node: int
+    error: int
+    path: str  # on the target
 
 
 def library_path() -> Path:
@@ -98,6 +192,12 @@ def load() -> ctypes.CDLL:
     lib.ft_engine_close_the_cache.argtypes = (ctypes.c_void_p,)
     lib.ft_engine_sync_all.restype = ctypes.c_uint64
     lib.ft_engine_sync_all.argtypes = (ctypes.c_void_p,)
+    lib.ft_engine_events_fd.restype = ctypes.c_int
+    lib.ft_engine_events_fd.argtypes = (ctypes.c_void_p,)
+    lib.ft_engine_read_events.restype = ctypes.c_size_t
+    lib.ft_engine_read_events.argtypes = (ctypes.c_void_p, ctypes.POINTER(_Event), ctypes.c_size_t)
+    lib.ft_engine_set_window.restype = None
+    lib.ft_engine_set_window.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_double)
     lib.ft_engine_free.restype = None
     lib.ft_engine_free.argtypes = (ctypes.c_void_p,)
     return lib
@@ -125,6 +225,15 @@ class NativeEngine:
             config.max_threads,
             int(config.switch_credentials),
             int(config.xattrs),
+            int(config.enforce),
+            int(config.enforce),
+            config.window,
+            config.batch,
+            config.max_age,
+            config.admission_timeout,
+            int(config.writeback_pieces),
+            int(config.drop_synced),
+            config.sync_threads,
         )
         error = ctypes.create_string_buffer(_ERROR_SIZE)
         handle = lib.ft_engine_mount(ctypes.byref(raw), error, _ERROR_SIZE)
@@ -144,9 +253,38 @@ class NativeEngine:
         assert self._handle is not None
         raw = _Stats()
         self._lib.ft_engine_read_stats(self._handle, ctypes.byref(raw))
-        return EngineStats(
-            raw.known_files, bool(raw.writeback_cache), raw.written_bytes, raw.lost_syncs
-        )
+        values = {name: getattr(raw, name) for name, _ in _Stats._fields_}
+        values["writeback_cache"] = bool(values["writeback_cache"])
+        return EngineStats(**values)
+
+    def events_fd(self) -> int:
+        """Readable while events are queued (read its 8-byte counter to reset it)."""
+        assert self._handle is not None
+        return int(self._lib.ft_engine_events_fd(self._handle))
+
+    def read_events(self) -> list[SyncEvent | LostEvent]:
+        """Every event queued so far, oldest first."""
+        assert self._handle is not None
+        out: list[SyncEvent | LostEvent] = []
+        buffer = (_Event * _EVENTS_AT_ONCE)()
+        while True:
+            n = int(self._lib.ft_engine_read_events(self._handle, buffer, _EVENTS_AT_ONCE))
+            for raw in buffer[:n]:
+                if raw.kind == EVENT_SYNC:
+                    reason = SYNC_REASONS.get(raw.reason, str(raw.reason))
+                    out.append(
+                        SyncEvent(reason, raw.error, raw.node, raw.bytes, raw.seconds, raw.at)
+                    )
+                elif raw.kind == EVENT_LOST:
+                    path = raw.path.decode(errors="replace")
+                    out.append(LostEvent(raw.node, raw.error, path))
+            if n < _EVENTS_AT_ONCE:
+                return out
+
+    def set_window(self, window: int, commit_rate: float | None) -> None:
+        """The controller's decision: what the gate admits, and the pace above half of it."""
+        assert self._handle is not None
+        self._lib.ft_engine_set_window(self._handle, window, commit_rate or 0.0)
 
     def close_the_cache(self) -> None:
         """Refuse everything new but the kernel's write-back and closes (ENOTCONN)."""
@@ -154,7 +292,8 @@ class NativeEngine:
         self._lib.ft_engine_close_the_cache(self._handle)
 
     def sync_all(self) -> int:
-        """fsync every file written since its last fsync; how many failed."""
+        """After serve: finish the syncs under way, fsync every file still un-synced (three
+        tries); how many files are still un-synced."""
         assert self._handle is not None
         return int(self._lib.ft_engine_sync_all(self._handle))
 

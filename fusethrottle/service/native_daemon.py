@@ -1,10 +1,11 @@
 """Run one mount on the native engine: C++ threads serve every FUSE request, this process keeps
 the daemon's life (readiness, signals, the stop), as daemon.py does for the Python data plane.
 
-The engine's first step (issue 35): requests are passed through as their callers, with the
-writeback cache and the daemon's memory cgroup; the write window, injected fsyncs, metering,
-metrics and status are still the Python data plane's alone (options.NATIVE_UNSUPPORTED refuses
-the options that would need them).
+The engine keeps the write window itself (the ledger, the gate, injected fsyncs); this process
+keeps the controller: the engine queues every injected fsync's time as an event, an eventfd wakes
+trio, the controller resizes the window and the kernel's share of it, and the engine is told the
+new window. Metering, metrics and status are still the Python data plane's alone
+(options.NATIVE_UNSUPPORTED refuses the options that would need them).
 """
 
 from __future__ import annotations
@@ -15,15 +16,23 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from .. import _libc
-from ..engine.native import EngineConfig, EngineUnavailable, NativeEngine
+from ..engine.native import EngineConfig, EngineUnavailable, LostEvent, NativeEngine, SyncEvent
+from ..loglimit import LogLimiter
+from ..observability.native_status import FsyncLog, native_status
+from ..observability.status_server import serve_control
 from ..target.target_calls import target_has_xattrs
 from ..trio_compat import ABANDON_KW as _ABANDON_KW
+from ..window.budget import effective_window
+from ..window.controller import make_controller
+from ..window.kernel_cache import KernelCache
 from . import sdnotify
 from .mount import fuse_options
 from .mountinfo import find_mount
@@ -62,6 +71,14 @@ def engine_config(config: Config) -> EngineConfig:
         max_threads=max(MAX_THREADS, config.threads),
         switch_credentials=config.credentials == "caller" and os.geteuid() == 0,
         xattrs=serve_xattrs(config),
+        enforce=config.mode != "off",
+        # Until the first fsync has measured the target (budget.effective_window).
+        window=effective_window(config.window, None),
+        batch=config.batch,
+        max_age=config.max_age,
+        admission_timeout=config.admission_timeout,
+        writeback_pieces=config.writeback_pieces,
+        drop_synced=config.drop_synced,
     )
 
 
@@ -95,12 +112,28 @@ class NativeDaemon:
         self.exit_code = 0
         self._device: str | None = None
         self._served = trio.Event()
+        self.controller = make_controller(self.config)
+        self.kernel_cache = KernelCache(
+            enabled=self.config.writeback_cache and self.config.mode != "off",
+            limit=self.config.kernel_cache,
+            read_ahead=self.config.read_ahead,
+        )
+        self._total = effective_window(self.controller.window, self.controller.commit_rate)
+        self._error_log = LogLimiter(60.0)  # a line per file a minute
+        #: Files the target failed to store data of (node -> path, errno), named at exit.
+        self._lost: dict[int, tuple[str, int]] = {}
+        self._fsyncs = FsyncLog()
+        self._started = time.time()
 
     async def run(self) -> int:
         info = find_mount(self.config.mountpoint, fstype="fuse.fusethrottle")
         self._device = info.device if info else None
+        await trio.to_thread.run_sync(self.kernel_cache.attach, self._device, self._total)
+        self._hand_window()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._signals)
+            nursery.start_soon(self._control)
+            nursery.start_soon(serve_control, self.config.mountpoint, self._status)
             nursery.start_soon(self._announce_ready)
             rc = await trio.to_thread.run_sync(self.engine.serve)
             self._served.set()
@@ -115,12 +148,104 @@ class NativeDaemon:
         """After the last request: fsync every file written since its last fsync (an unmount
         wrote the kernel's cache back first)."""
         failed = await trio.to_thread.run_sync(self.engine.sync_all)
-        failed += self.engine.stats().lost_syncs
+        stats = self.engine.stats()
+        log.info(
+            "%d injected fsync(s), %d failed; %d write(s) waited for room in the window, "
+            "%d timed out; at most %d MiB were un-synced at once",
+            stats.fsyncs,
+            stats.fsync_errors,
+            stats.throttled_writes,
+            stats.admission_timeouts,
+            stats.unsynced_high >> 20,
+        )
+        for event in self.engine.read_events():  # the end's own syncs
+            if isinstance(event, LostEvent):
+                self._lost_data(event)
         if failed:
             log.error("%d file(s) written through the mount could not be synced", failed)
             self.exit_code = 1
         else:
             log.info("all data synced")
+        # Whose writers were told: the exit status does not count them, the operator needs
+        # their names all the same.
+        for path, error in self._lost.values():
+            log.warning("incomplete on the target: %s (%s)", path, os.strerror(error))
+
+    # -- the controller ----------------------------------------------------------------------
+
+    async def _control(self) -> None:
+        """Feed the controller every injected fsync the engine reports, and hand the engine
+        the window it decides (less the kernel's share of it)."""
+        fd = self.engine.events_fd()
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            with contextlib.suppress(BlockingIOError):
+                os.read(fd, 8)
+            events = self.engine.read_events()
+            stats = self.engine.stats()
+            for event in events:
+                if isinstance(event, LostEvent):
+                    self._lost_data(event)
+                else:
+                    self._sampled(event, stats.unsynced_bytes, stats.window_bytes)
+            total = effective_window(self.controller.window, self.controller.commit_rate)
+            if total != self._total:
+                self._total = total
+                # A sysfs write can wait (on the bdi's lock): never on the event loop.
+                await trio.to_thread.run_sync(self.kernel_cache.update, total)
+            self._hand_window()
+
+    def _status(self, request: str) -> dict[str, Any]:
+        """What the status socket answers (see native_status)."""
+        return native_status(
+            self.config,
+            self._started,
+            self.engine.stats(),
+            self.controller,
+            self._total,
+            self.kernel_cache.statistics().limit_bytes,
+            self._fsyncs,
+            time.monotonic(),
+        )
+
+    def _sampled(self, event: SyncEvent, unsynced: int, window: int) -> None:
+        self._fsyncs.add(event.at, event.seconds, event.reason)
+        if event.error == 0:
+            self.controller.on_sample(event.at, event.nbytes, event.seconds, unsynced, window)
+            return
+        if event.error == errno.ESTALE:
+            log.info(
+                "injected fsync (%s) of node %#x: the file is gone from the target (deleted by "
+                "another writer); its %d un-synced bytes are dropped",
+                event.reason,
+                event.node,
+                event.nbytes,
+            )
+            return
+        self.controller.on_error(event.at, event.error)
+        if self._error_log.allow(event.node, event.at):
+            log.error(
+                "injected fsync (%s) of node %#x failed: %s; data kept as un-synced, the error "
+                "goes to the application's next fsync or close",
+                event.reason,
+                event.node,
+                os.strerror(event.error),
+            )
+
+    def _lost_data(self, event: LostEvent) -> None:
+        if event.node in self._lost:
+            return
+        self._lost[event.node] = (event.path, event.error)
+        log.error(
+            "the target failed to store data of %s: %s (the error went to its writer)",
+            event.path,
+            os.strerror(event.error),
+        )
+
+    def _hand_window(self) -> None:
+        self.engine.set_window(
+            self.kernel_cache.ledger_window(self._total), self.controller.commit_rate
+        )
 
     async def _announce_ready(self) -> None:
         mountpoint = self.config.mountpoint
@@ -132,11 +257,14 @@ class NativeDaemon:
             return
         stats = self.engine.stats()
         log.info(
-            "mounted %s on %s with the native engine (writeback cache %s); it passes requests "
-            "through as their callers and keeps no write window yet",
+            "mounted %s on %s with the native engine (writeback cache %s, mode %s, window "
+            "%d MiB, batch %d MiB)",
             self.config.source,
             mountpoint,
             "on" if stats.writeback_cache else "off",
+            self.config.mode,
+            self._total >> 20,
+            self.config.batch >> 20,
         )
         cgroup = self.placement.cgroup
         if cgroup.path is not None:

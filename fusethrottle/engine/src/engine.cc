@@ -47,6 +47,12 @@ int Engine::mount(std::string& error) {
     return -EIO;
   }
   mounted_ = true;
+  rc = events_.open();
+  if (rc != 0) {
+    error = std::string("eventfd: ") + std::strerror(-rc);
+    return rc;
+  }
+  flusher_.start(options_.sync_threads);
   return 0;
 }
 
@@ -103,6 +109,15 @@ ft_engine* ft_engine_mount(const ft_engine_config* config, char* error, size_t e
   options.max_threads = config->max_threads > 0 ? config->max_threads : 16;
   options.switch_credentials = config->switch_credentials != 0;
   options.xattrs = config->xattrs != 0;
+  options.window.enforce = config->enforce != 0;
+  options.window.inject = config->inject != 0;
+  options.window.window = config->window;
+  options.window.batch = config->batch;
+  options.window.max_age = config->max_age;
+  options.window.admission_timeout = config->admission_timeout;
+  options.window.pieces = config->writeback_pieces != 0;
+  options.window.drop_synced = config->drop_synced != 0;
+  options.sync_threads = config->sync_threads > 0 ? config->sync_threads : 4;
   auto handle = std::make_unique<ft_engine>();
   handle->engine = std::make_unique<ft::Engine>(std::move(options));
   std::string why;
@@ -120,15 +135,44 @@ int ft_engine_serve(ft_engine* engine) { return engine->engine->serve(); }
 void ft_engine_stop(ft_engine* engine) { engine->engine->stop(); }
 
 void ft_engine_read_stats(ft_engine* engine, ft_engine_stats* out) {
-  out->known_files = engine->engine->known_files();
-  out->writeback_cache = engine->engine->writeback_cache() ? 1 : 0;
-  out->written_bytes = engine->engine->written();
-  out->lost_syncs = engine->engine->inodes().lost_syncs();
+  ft::Engine& e = *engine->engine;
+  ft::WindowStats w = e.window().stats();
+  *out = ft_engine_stats{};
+  out->known_files = e.known_files();
+  out->writeback_cache = e.writeback_cache() ? 1 : 0;
+  out->written_bytes = e.written();
+  out->window_bytes = w.window;
+  out->unsynced_bytes = w.unsynced;
+  out->reserved_bytes = w.reserved;
+  out->syncing_bytes = w.syncing;
+  out->unsynced_high = w.unsynced_high;
+  out->dirty_files = w.dirty_files;
+  out->oldest_age = w.oldest_age;
+  out->synced_bytes = w.synced;
+  out->fsyncs = e.flusher().fsyncs();
+  out->fsync_errors = e.flusher().errors();
+  out->fsyncs_in_flight = e.flusher().in_flight();
+  out->waiting_writes = w.waiting;
+  out->throttled_writes = w.throttled;
+  out->paced_writes = w.paced;
+  out->admission_timeouts = w.timeouts;
+  out->admission_wait_seconds = w.wait_seconds;
+  out->events_dropped = e.events().dropped();
+}
+
+int ft_engine_events_fd(ft_engine* engine) { return engine->engine->events().fd(); }
+
+size_t ft_engine_read_events(ft_engine* engine, ft_engine_event* out, size_t max) {
+  return engine->engine->events().drain(out, max);
+}
+
+void ft_engine_set_window(ft_engine* engine, uint64_t window, double commit_rate) {
+  engine->engine->window().set_window(window, commit_rate);
 }
 
 void ft_engine_close_the_cache(ft_engine* engine) { engine->engine->close_the_cache(); }
 
-uint64_t ft_engine_sync_all(ft_engine* engine) { return engine->engine->inodes().sync_all(); }
+uint64_t ft_engine_sync_all(ft_engine* engine) { return engine->engine->flusher().finish(); }
 
 void ft_engine_free(ft_engine* engine) { std::unique_ptr<ft_engine> owned(engine); }
 

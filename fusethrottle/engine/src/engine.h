@@ -7,7 +7,10 @@
 #include <memory>
 #include <string>
 
+#include "events.h"
+#include "flusher.h"
 #include "inode.h"
+#include "window.h"
 
 namespace ft {
 
@@ -21,11 +24,14 @@ struct Options {
   unsigned max_threads = 16;
   bool switch_credentials = false;
   bool xattrs = true;
+  WindowParams window;
+  unsigned sync_threads = 4;
 };
 
 class Engine {
  public:
-  explicit Engine(Options options) : options_(std::move(options)) {}
+  explicit Engine(Options options)
+      : options_(std::move(options)), window_(options_.window), flusher_(window_, events_) {}
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
   ~Engine();
@@ -40,6 +46,9 @@ class Engine {
 
   const Options& options() const { return options_; }
   InodeTable& inodes() { return inodes_; }
+  Window& window() { return window_; }
+  EventRing& events() { return events_; }
+  Flusher& flusher() { return flusher_; }
   bool writeback_cache() const { return writeback_cache_.load(); }
   void set_writeback_cache(bool on) { writeback_cache_.store(on); }
   size_t known_files() { return inodes_.size(); }
@@ -57,6 +66,9 @@ class Engine {
  private:
   Options options_;
   InodeTable inodes_;
+  Window window_;
+  EventRing events_;
+  Flusher flusher_;  // after what it uses: its threads end first
   struct SessionDeleter {
     void operator()(fuse_session* se) const { fuse_session_destroy(se); }
   };

@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a structure or call below changes: Python refuses a library of another. */
-#define FT_ENGINE_ABI 3
+#define FT_ENGINE_ABI 4
 
 struct ft_engine_config {
   const char *source;       /* the backing directory */
@@ -23,13 +23,55 @@ struct ft_engine_config {
   unsigned max_threads;     /* request threads at most */
   int switch_credentials;   /* run each call as its caller (the daemon is root) */
   int xattrs;               /* serve extended attributes (else ENOSYS: the kernel stops asking) */
+  /* The write window (set_window moves it later). */
+  int enforce;              /* the gate holds writes back (mode=off: 0) */
+  int inject;               /* fsyncs after batches, on release and by age (mode=off: 0) */
+  uint64_t window;          /* bytes the gate admits un-synced */
+  uint64_t batch;           /* a file's dirty bytes that make it due for an fsync */
+  double max_age;           /* seconds dirty data may wait for one */
+  double admission_timeout; /* seconds a write waits at most (then admitted, and counted) */
+  int writeback_pieces;     /* write back in pieces of ~0.1 s of the commit rate first */
+  int drop_synced;          /* drop synced ranges from the target's page cache */
+  unsigned sync_threads;    /* fsyncs running at once at most */
 };
 
 struct ft_engine_stats {
   uint64_t known_files;     /* files the kernel holds a node id of (the root aside) */
   int writeback_cache;      /* what the kernel granted at INIT */
   uint64_t written_bytes;   /* written to the target, in all */
-  uint64_t lost_syncs;      /* files whose fsync failed as the kernel forgot them */
+  uint64_t window_bytes;    /* the gate's window now */
+  uint64_t unsynced_bytes;  /* admitted and not yet durable */
+  uint64_t reserved_bytes;  /* admitted, on the way to the target */
+  uint64_t syncing_bytes;   /* in fsyncs under way */
+  uint64_t unsynced_high;   /* the most ever un-synced at once */
+  uint64_t dirty_files;
+  double oldest_age;        /* seconds the oldest un-synced byte has waited */
+  uint64_t synced_bytes;
+  uint64_t fsyncs;          /* injected fsyncs ended */
+  uint64_t fsync_errors;
+  uint64_t fsyncs_in_flight;
+  uint64_t waiting_writes;  /* at the gate now */
+  uint64_t throttled_writes; /* waited for room */
+  uint64_t paced_writes;    /* waited for their pacing turn only */
+  uint64_t admission_timeouts;
+  double admission_wait_seconds;
+  uint64_t events_dropped;  /* events the control plane did not drain in time */
+};
+
+/* What the control plane hears of. */
+#define FT_EVENT_SYNC 1 /* an injected fsync ended */
+#define FT_EVENT_LOST 2 /* the target failed to store some of a file's data (a write or an
+                         * fsync failed with ENOSPC, EDQUOT, EFBIG, EIO, EROFS, ETIMEDOUT) */
+struct ft_engine_event {
+  uint32_t kind;
+  uint32_t reason;  /* 1 batch, 2 release, 3 age, 4 window, 5 forgotten, 6 the end */
+  int32_t error;    /* 0, or the errno it failed with */
+  uint32_t unused;
+  uint64_t node;    /* the file's node id */
+  uint64_t bytes;   /* what it made durable (or failed to) */
+  double seconds;   /* how long it took */
+  double at;        /* when it ended: CLOCK_MONOTONIC seconds */
+  char path[256];   /* LOST: the file's path on the target (cut short if longer) */
 };
 
 struct ft_engine;
@@ -47,9 +89,16 @@ void ft_engine_read_stats(struct ft_engine *engine, struct ft_engine_stats *out)
 /* Refuse everything new (ENOTCONN) but the kernel's write-back and closes, and expire every
  * attribute the kernel holds, so a writer still writing is refused, not acknowledged. */
 void ft_engine_close_the_cache(struct ft_engine *engine);
-/* fsync every file written since its last fsync (also after serve() returned): how many
- * failed. */
+/* After serve() has returned: finish the fsyncs under way and fsync every file still
+ * un-synced (three tries): how many files are still un-synced. */
 uint64_t ft_engine_sync_all(struct ft_engine *engine);
+/* A descriptor that turns readable when events are queued (read it to reset it). */
+int ft_engine_events_fd(struct ft_engine *engine);
+/* Move up to *max* queued events into *out*: how many. */
+size_t ft_engine_read_events(struct ft_engine *engine, struct ft_engine_event *out, size_t max);
+/* The controller's decision: the window the gate admits, and the target's commit rate
+ * (bytes/s, 0 if not known) that paces writes above half of it. */
+void ft_engine_set_window(struct ft_engine *engine, uint64_t window, double commit_rate);
 /* After serve() has returned: unmount if still mounted and free everything. */
 void ft_engine_free(struct ft_engine *engine);
 

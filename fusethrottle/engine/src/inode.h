@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fd.h"
+#include "window.h"
 
 namespace ft {
 
@@ -29,8 +30,9 @@ struct InodeKeyHash {
 };
 
 // One file the kernel holds a reference to. Its descriptor lives as long as the kernel's
-// lookups of it do (the table owns it; the node id is its address).
-class Inode {
+// lookups of it do, and after that as long as the window still owes it a sync (both share
+// it; the node id is its address).
+class Inode : public std::enable_shared_from_this<Inode> {
  public:
   Inode(Fd path, InodeKey key, mode_t type) : path_(std::move(path)), key_(key), type_(type) {}
   int fd() const { return path_.get(); }
@@ -38,17 +40,14 @@ class Inode {
   bool is_symlink() const { return S_ISLNK(type_); }
   bool is_dir() const { return S_ISDIR(type_); }
 
-  // Data was written to the file since its last fsync.
-  void mark_written() { unsynced_.store(true, std::memory_order_release); }
-  bool unsynced() const { return unsynced_.load(std::memory_order_acquire); }
   // Who last opened the file to write: its syncs run as them (a squashing target refuses the
   // daemon's root), as NFS's write-back does.
   void set_writer(uid_t uid, gid_t gid) {
     writer_.store((static_cast<uint64_t>(uid) << 32) | gid, std::memory_order_relaxed);
   }
   uint64_t writer() const { return writer_.load(std::memory_order_relaxed); }
-  // Before an fsync: whatever is written from here on is owed another.
-  bool take_unsynced() { return unsynced_.exchange(false, std::memory_order_acq_rel); }
+
+  FileLedger ledger;  // its un-synced data: guarded by the window's lock
 
  private:
   friend class InodeTable;
@@ -56,13 +55,8 @@ class Inode {
   InodeKey key_;
   mode_t type_;
   uint64_t lookups_ = 0;  // guarded by the table's lock
-  std::atomic<bool> unsynced_{false};
   std::atomic<uint64_t> writer_{0};
 };
-
-// fsync a file through its O_PATH descriptor (reopened: an O_PATH one takes no fsync). A file
-// with no name left needs none. 0 or the errno.
-int sync_file(int path_fd, uint64_t writer);
 
 class InodeTable {
  public:
@@ -74,6 +68,7 @@ class InodeTable {
   Inode& get(fuse_ino_t node) {
     return node == FUSE_ROOT_ID ? *root_ : *reinterpret_cast<Inode*>(node);
   }
+  std::shared_ptr<Inode> share(fuse_ino_t node) { return get(node).shared_from_this(); }
   fuse_ino_t node_of(const Inode& inode) const {
     return &inode == root_.get() ? FUSE_ROOT_ID : reinterpret_cast<fuse_ino_t>(&inode);
   }
@@ -81,25 +76,19 @@ class InodeTable {
   // Count one more lookup of the file *path* (stat *st*) and return its node; the descriptor
   // is kept if the file is new to the table, closed otherwise.
   fuse_ino_t remember(Fd path, const struct stat& st);
-  // The kernel dropped *n* lookups of *node*: at none, its descriptor closes, after an fsync
-  // if data written to it was not synced (nothing could find the file to sync it later).
-  void forget(fuse_ino_t node, uint64_t n);
+  // The kernel dropped *n* lookups of *node*: at none, the table lets it go and hands it
+  // back (the window keeps it while it owes a sync; its descriptor closes with the last).
+  std::shared_ptr<Inode> forget(fuse_ino_t node, uint64_t n);
 
   // The node ids the kernel holds (the root aside), for invalidating their attributes.
   std::vector<fuse_ino_t> nodes();
 
-  // fsync every file written since its last fsync; returns how many failed.
-  size_t sync_all();
-
   size_t size();
-  // fsyncs that failed as their file was forgotten (the daemon reports them at exit).
-  uint64_t lost_syncs() const { return lost_syncs_.load(); }
 
  private:
   std::mutex lock_;
-  std::unordered_map<InodeKey, std::unique_ptr<Inode>, InodeKeyHash> known_;
-  std::unique_ptr<Inode> root_;
-  std::atomic<uint64_t> lost_syncs_{0};
+  std::unordered_map<InodeKey, std::shared_ptr<Inode>, InodeKeyHash> known_;
+  std::shared_ptr<Inode> root_;
 };
 
 }  // namespace ft

@@ -152,13 +152,19 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   reply_entry_of(req, parent, name);
 }
 
+// The kernel forgot *node* n times: at none the table lets it go, and the window keeps it
+// for as long as it owes a sync (nothing else could find the file to sync it).
+void forget_one(Engine& engine, fuse_ino_t node, uint64_t n) {
+  if (auto gone = engine.inodes().forget(node, n)) engine.window().forgotten(gone);
+}
+
 void op_forget(fuse_req_t req, fuse_ino_t node, uint64_t nlookup) {
-  engine_of(req).inodes().forget(node, nlookup);
+  forget_one(engine_of(req), node, nlookup);
   fuse_reply_none(req);
 }
 
 void op_forget_multi(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
-  for (size_t i = 0; i < count; i++) engine_of(req).inodes().forget(forgets[i].ino, forgets[i].nlookup);
+  for (size_t i = 0; i < count; i++) forget_one(engine_of(req), forgets[i].ino, forgets[i].nlookup);
   fuse_reply_none(req);
 }
 
@@ -272,6 +278,8 @@ void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, 
   Inode& inode = inode_of(req, node);
   int err = set_attributes(inode, *attr, to_set, fi);
   if (err) return (void)fuse_reply_err(req, err);
+  // Truncated to nothing: what was written needs no sync any more.
+  if ((to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0) engine_of(req).window().discard(inode);
   op_getattr(req, node, fi);
 }
 
@@ -364,14 +372,17 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   int err = look_up(engine, parent, name, &entry);
   if (err) return (void)fuse_reply_err(req, err);
   note_writer(req, engine.inodes().get(entry.ino), fi->flags);
+  auto inode = engine.inodes().share(entry.ino);
+  engine.window().opened(inode);
   auto file = std::make_unique<OpenFile>();
   file->fd = std::move(fd);
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
   fi->fh = hand_over(std::move(file));
   if (fuse_reply_create(req, &entry, fi) != 0) {
-    take_back<OpenFile>(fi);  // the caller is gone: nobody will release it
-    engine.inodes().forget(entry.ino, 1);
+    // The caller is gone: nobody will release or forget it.
+    engine.window().released(inode, std::move(take_back<OpenFile>(fi)->fd));
+    forget_one(engine, entry.ino, 1);
   }
 }
 
@@ -386,12 +397,14 @@ void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
       &bypass);
   if (!fd) return (void)fuse_reply_err(req, failed());
   note_writer(req, inode_of(req, node), fi->flags);
+  auto inode = engine.inodes().share(node);
+  engine.window().opened(inode);
   auto file = std::make_unique<OpenFile>();
   file->fd = std::move(fd);
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
   fi->fh = hand_over(std::move(file));
-  if (fuse_reply_open(req, fi) != 0) take_back<OpenFile>(fi);
+  if (fuse_reply_open(req, fi) != 0) engine.window().released(inode, std::move(take_back<OpenFile>(fi)->fd));
 }
 
 void read_direct(fuse_req_t req, int fd, size_t size, off_t off) {
@@ -411,63 +424,81 @@ void op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*
   fuse_reply_data(req, &data, FUSE_BUF_SPLICE_MOVE);
 }
 
-void written(fuse_req_t req, fuse_ino_t node, ssize_t n) {
-  if (n <= 0) return;
-  inode_of(req, node).mark_written();
-  engine_of(req).count_written(static_cast<size_t>(n));
-}
-
-void write_direct(fuse_req_t req, fuse_ino_t node, int fd, fuse_bufvec* in, off_t off) {
+// Write *in* at *off*: 0 and *n* bytes written, or the errno.
+int write_direct(int fd, fuse_bufvec* in, off_t off, ssize_t* n) {
   size_t size = fuse_buf_size(in);
   char* buf = aligned_buffer(size);
-  if (buf == nullptr) return (void)fuse_reply_err(req, ENOMEM);
+  if (buf == nullptr) return ENOMEM;
   fuse_bufvec staged = FUSE_BUFVEC_INIT(size);
   staged.buf[0].mem = buf;
   ssize_t copied = fuse_buf_copy(&staged, in, static_cast<fuse_buf_copy_flags>(0));
-  if (copied < 0) return (void)fuse_reply_err(req, static_cast<int>(-copied));
-  ssize_t n = ::pwrite(fd, buf, static_cast<size_t>(copied), off);
-  if (n < 0) return (void)fuse_reply_err(req, failed());
-  written(req, node, n);
-  fuse_reply_write(req, static_cast<size_t>(n));
+  if (copied < 0) return static_cast<int>(-copied);
+  *n = ::pwrite(fd, buf, static_cast<size_t>(copied), off);
+  return *n < 0 ? failed() : 0;
+}
+
+int write_through(int fd, fuse_bufvec* in, off_t off, ssize_t* n) {
+  fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
+  out.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+  out.buf[0].fd = fd;
+  out.buf[0].pos = off;
+  *n = fuse_buf_copy(&out, in, static_cast<fuse_buf_copy_flags>(0));
+  return *n < 0 ? static_cast<int>(-*n) : 0;
 }
 
 void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, fuse_file_info* fi) {
-  // Without the writeback cache a write is the caller's own: refused once closing. With it,
-  // it is the kernel writing back pages already acknowledged: always taken.
-  if (!engine_of(req).writeback_cache() && refused(req)) return;
-  if (borrow<OpenFile>(fi).direct) return write_direct(req, node, borrow<OpenFile>(fi).fd.get(), in, off);
-  fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
-  out.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
-  out.buf[0].fd = borrow<OpenFile>(fi).fd.get();
-  out.buf[0].pos = off;
-  ssize_t n = fuse_buf_copy(&out, in, static_cast<fuse_buf_copy_flags>(0));
-  if (n < 0) return (void)fuse_reply_err(req, static_cast<int>(-n));
-  written(req, node, n);
+  Engine& engine = engine_of(req);
+  // Without the writeback cache a write is the caller's own: refused once closing, and told
+  // of a failed injected sync of its file. With it, it is the kernel writing back pages
+  // already acknowledged: always taken (an error would drop them), the error goes to fsync
+  // and close.
+  if (!engine.writeback_cache()) {
+    if (refused(req)) return;
+    if (int pending = engine.window().take_error(inode_of(req, node))) return (void)fuse_reply_err(req, pending);
+  }
+  // The back-pressure: the reply waits until the bytes fit in the window.
+  size_t size = fuse_buf_size(in);
+  engine.window().admit(size);
+  const OpenFile& file = borrow<OpenFile>(fi);
+  ssize_t n = 0;
+  int err = file.direct ? write_direct(file.fd.get(), in, off, &n) : write_through(file.fd.get(), in, off, &n);
+  engine.window().landed(engine.inodes().share(node), size, err ? 0 : n, off);
+  if (err) {
+    engine.events().lost(node, inode_of(req, node).fd(), err);
+    return (void)fuse_reply_err(req, err);
+  }
+  engine.count_written(static_cast<size_t>(n));
   fuse_reply_write(req, static_cast<size_t>(n));
 }
 
-void op_flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+void op_flush(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   // Closing a duplicate makes NFS write back and report errors, as close(2) would, and keeps
-  // the descriptor the kernel releases later.
+  // the descriptor the kernel releases later. A failed injected sync is reported here too.
   int dup = ::dup(borrow<OpenFile>(fi).fd.get());
   if (dup < 0) return (void)fuse_reply_err(req, failed());
-  int rc = ::close(dup);
-  fuse_reply_err(req, rc == 0 ? 0 : failed());
+  int err = ::close(dup) == 0 ? 0 : failed();
+  int pending = engine_of(req).window().take_error(inode_of(req, node));
+  fuse_reply_err(req, err != 0 ? err : pending);
 }
 
-void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  take_back<OpenFile>(fi);
+void op_release(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
+  // The last close of a dirty file makes it due for a sync, through this descriptor.
+  Engine& engine = engine_of(req);
+  engine.window().released(engine.inodes().share(node), std::move(take_back<OpenFile>(fi)->fd));
   fuse_reply_err(req, 0);
 }
 
 void op_fsync(fuse_req_t req, fuse_ino_t node, int datasync, fuse_file_info* fi) {
+  Window& window = engine_of(req).window();
   Inode& inode = inode_of(req, node);
-  bool owed = inode.take_unsynced();
+  uint64_t bytes = window.begin_app_sync(inode);
   int fd = borrow<OpenFile>(fi).fd.get();
   int rc = datasync ? ::fdatasync(fd) : ::fsync(fd);
   int err = rc == 0 ? 0 : failed();
-  if (err != 0 && owed) inode.mark_written();
-  fuse_reply_err(req, err);
+  window.end_app_sync(inode, bytes, err);  // either way the application knows now
+  if (err != 0) engine_of(req).events().lost(node, inode.fd(), err);
+  int pending = window.take_error(inode);
+  fuse_reply_err(req, err != 0 ? err : pending);
 }
 
 void op_fallocate(fuse_req_t req, fuse_ino_t node, int mode, off_t off, off_t length,
@@ -475,7 +506,8 @@ void op_fallocate(fuse_req_t req, fuse_ino_t node, int mode, off_t off, off_t le
   if (refused(req)) return;
   become_caller(req);
   int rc = ::fallocate(borrow<OpenFile>(fi).fd.get(), mode, off, length);
-  if (rc == 0) inode_of(req, node).mark_written();
+  // It owes the file a sync but holds no page: counted as one byte.
+  if (rc == 0) engine_of(req).window().landed(engine_of(req).inodes().share(node), 0, 1, off);
   fuse_reply_err(req, rc == 0 ? 0 : failed());
 }
 
@@ -577,9 +609,6 @@ fuse_lowlevel_ops make_operations(bool xattrs) {
   }
   ops.create = op_create;
   ops.fallocate = op_fallocate;
-  // No lseek: with the writeback cache, data not yet written back would read as a hole
-  // (ENXIO). The kernel answers SEEK_DATA/SEEK_HOLE itself, as for the Python data plane. No
-  // copy_file_range either: the kernel copies through read and write, each one metered.
   // No lseek: with the writeback cache, data not yet written back would read as a hole
   // (ENXIO). The kernel answers SEEK_DATA/SEEK_HOLE itself, as for the Python data plane. No
   // copy_file_range either: the kernel copies through read and write, each one metered.

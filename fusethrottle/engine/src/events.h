@@ -1,0 +1,36 @@
+// Events for the control plane (fsync samples, failures): queued here, an eventfd tells trio
+// there are some. Engine threads only push; nothing here calls into Python.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <mutex>
+
+#include "fd.h"
+#include "fusethrottle_engine.h"
+
+namespace ft {
+
+class EventRing {
+ public:
+  // 0, or minus the errno of eventfd().
+  int open();
+  int fd() const { return signal_.get(); }
+  // Queue *event*; when the control plane lags this far behind, the oldest is dropped (and
+  // counted): the engine never waits for Python.
+  void push(const ft_engine_event& event);
+  size_t drain(ft_engine_event* out, size_t max);
+  uint64_t dropped();
+  // The target failed to store data of the file *path_fd* names, with *error*: a LOST event
+  // if the error says so (a bad request is not a loss).
+  void lost(uint64_t node, int path_fd, int error);
+
+ private:
+  static constexpr size_t kCapacity = 4096;
+  std::mutex lock_;
+  std::deque<ft_engine_event> queue_;
+  uint64_t dropped_ = 0;
+  Fd signal_;
+};
+
+}  // namespace ft

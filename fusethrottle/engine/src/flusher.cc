@@ -1,0 +1,147 @@
+#include "flusher.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "inode.h"
+
+namespace ft {
+
+namespace {
+
+// Reopen a file through its O_PATH descriptor as its last writer (a squashing target refuses
+// the daemon's root, as NFS's own write-back would not be); this thread's ids come back
+// before anything else runs on it.
+Fd reopen_as_writer(int path_fd, uint64_t writer, int* error) {
+  std::string path = proc_path(path_fd);
+  auto before_uid = static_cast<uid_t>(::syscall(SYS_setfsuid, -1));
+  auto before_gid = static_cast<gid_t>(::syscall(SYS_setfsgid, -1));
+  bool as_writer = ::geteuid() == 0 && writer != 0;
+  if (as_writer) {
+    ::syscall(SYS_setfsgid, static_cast<gid_t>(writer & 0xffffffffu));
+    ::syscall(SYS_setfsuid, static_cast<uid_t>(writer >> 32));
+  }
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd && errno == EACCES) fd.reset(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+  *error = fd ? 0 : errno;
+  if (as_writer) {
+    ::syscall(SYS_setfsuid, before_uid);
+    ::syscall(SYS_setfsgid, before_gid);
+  }
+  return fd;
+}
+
+}  // namespace
+
+int sync_job(SyncJob& job) {
+  struct stat st {};
+  // A file with no name left needs no sync: nothing can read it after.
+  if (::fstat(job.inode->fd(), &st) == 0 && st.st_nlink == 0) return 0;
+  Fd fd = std::move(job.held);
+  if (!fd) {
+    int error = 0;
+    fd = reopen_as_writer(job.inode->fd(), job.inode->writer(), &error);
+    if (!fd) return error;
+  }
+  bool ranged = job.lo >= 0 && job.hi > job.lo;
+  if (ranged && job.piece > 0) {
+    // A page then waits in the target's queue for one piece, not a whole batch: reclaim that
+    // meets a page under write-back waits for it. Errors surface in the fdatasync.
+    for (int64_t off = job.lo; off < job.hi; off += static_cast<int64_t>(job.piece)) {
+      int64_t len = std::min<int64_t>(static_cast<int64_t>(job.piece), job.hi - off);
+      ::sync_file_range(fd.get(), off, len,
+                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+    }
+  }
+  if (::fdatasync(fd.get()) != 0) return errno != 0 ? errno : EIO;
+  // The backup never reads it again: synced data does not crowd the page cache.
+  if (ranged && job.drop) ::posix_fadvise(fd.get(), job.lo, job.hi - job.lo, POSIX_FADV_DONTNEED);
+  return 0;
+}
+
+void Flusher::start(unsigned sync_threads) {
+  decider_ = std::thread([this] { decide(); });
+  for (unsigned i = 0; i < std::max(1u, sync_threads); i++) workers_.emplace_back([this] { work(); });
+}
+
+void Flusher::decide() {
+  for (;;) {
+    std::vector<SyncJob> jobs = window_.wait_due(stopping_);
+    if (jobs.empty()) return;  // stopping
+    {
+      std::lock_guard<std::mutex> guard(queue_lock_);
+      for (auto& job : jobs) queue_.push_back(std::move(job));
+    }
+    queue_cv_.notify_all();
+  }
+}
+
+void Flusher::work() {
+  for (;;) {
+    SyncJob job;
+    {
+      std::unique_lock<std::mutex> guard(queue_lock_);
+      queue_cv_.wait(guard, [this] { return !queue_.empty() || draining_; });
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    run(job);
+  }
+}
+
+void Flusher::run(SyncJob& job) {
+  in_flight_++;
+  double start = now_seconds();
+  int error = sync_job(job);
+  double end = now_seconds();
+  in_flight_--;
+  fsyncs_++;
+  if (error != 0) errors_++;
+  ft_engine_event event{};
+  event.kind = FT_EVENT_SYNC;
+  event.reason = static_cast<uint32_t>(job.reason);
+  event.error = error;
+  event.node = reinterpret_cast<uint64_t>(job.inode.get());
+  event.bytes = job.bytes;
+  event.seconds = end - start;
+  event.at = end;
+  if (error != 0 && error != ESTALE) events_.lost(event.node, job.inode->fd(), error);
+  window_.end_sync(job, error);
+  events_.push(event);
+}
+
+void Flusher::stop_threads() {
+  if (decider_.joinable()) {
+    {
+      std::lock_guard<std::mutex> guard(window_.lock());
+      stopping_ = true;
+    }
+    window_.wake_flusher();
+    decider_.join();
+  }
+  {
+    std::lock_guard<std::mutex> guard(queue_lock_);
+    draining_ = true;
+  }
+  queue_cv_.notify_all();
+  for (auto& worker : workers_) worker.join();
+  workers_.clear();
+}
+
+size_t Flusher::finish() {
+  stop_threads();
+  for (int pass = 0; pass < 3; pass++) {
+    std::vector<SyncJob> jobs = window_.take_all_dirty();
+    if (jobs.empty()) break;
+    for (auto& job : jobs) run(job);
+  }
+  return window_.stats().dirty_files;
+}
+
+}  // namespace ft

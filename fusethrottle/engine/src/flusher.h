@@ -1,0 +1,57 @@
+// The flusher: one thread decides which files to fsync (Window::wait_due), a few others run
+// the fsyncs, so a slow target holds sync threads, never the request loop's. Every sync is
+// timed and queued as an event for the control plane's controller.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "events.h"
+#include "window.h"
+
+namespace ft {
+
+class Flusher {
+ public:
+  Flusher(Window& window, EventRing& events) : window_(window), events_(events) {}
+  Flusher(const Flusher&) = delete;
+  Flusher& operator=(const Flusher&) = delete;
+  ~Flusher() { stop_threads(); }
+
+  void start(unsigned sync_threads);
+  // For the end: finish the syncs under way, then fsync every file still dirty (three tries):
+  // how many files are still un-synced after.
+  size_t finish();
+
+  uint64_t fsyncs() const { return fsyncs_.load(); }
+  uint64_t errors() const { return errors_.load(); }
+  uint64_t in_flight() const { return in_flight_.load(); }
+
+ private:
+  void decide();
+  void work();
+  void run(SyncJob& job);
+  void stop_threads();
+
+  Window& window_;
+  EventRing& events_;
+  bool stopping_ = false;  // read by the deciding thread under the window's lock
+  std::thread decider_;
+  std::vector<std::thread> workers_;
+  std::mutex queue_lock_;
+  std::condition_variable queue_cv_;
+  std::deque<SyncJob> queue_;
+  bool draining_ = false;
+  std::atomic<uint64_t> fsyncs_{0}, errors_{0}, in_flight_{0};
+};
+
+// fsync what *job* covers, as the file's writer: its written range in pieces first, dropped
+// from the target's page cache after. 0 or the errno.
+int sync_job(SyncJob& job);
+
+}  // namespace ft

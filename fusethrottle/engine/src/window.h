@@ -1,0 +1,161 @@
+// The write window: how many bytes each file and the whole mount hold un-synced, the gate
+// where writes wait for room, and the choice of which files to fsync next. The same rules as
+// the Python data plane's ledger, gate and flusher choice (fusethrottle/window/), with the
+// clock passed in to the pure parts.
+//
+// A file's bytes: admitted by the gate (the mount's `reserved`) -> written to the target (the
+// file's `dirty`) -> handed to an fsync (`syncing`) -> durable (gone), or back to dirty with
+// the error kept for the application. unsynced = reserved + every file's dirty + syncing: what
+// the window bounds.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "fd.h"
+
+namespace ft {
+
+class Inode;
+
+// Seconds on the monotonic clock (the control plane's events carry the same clock).
+double now_seconds();
+
+// Why a file is synced: the event's reason code for the control plane.
+enum class SyncReason : uint32_t { kBatch = 1, kRelease = 2, kAge = 3, kWindow = 4, kForget = 5, kEnd = 6 };
+
+// Dirty bytes at which a file is synced: batch, or half the window if that is smaller.
+uint64_t sync_trigger(uint64_t batch, uint64_t window);
+// Bytes per second to admit above half the window (0: no pacing below it).
+double pacing_rate(double commit_rate, uint64_t unsynced, uint64_t window);
+// Bytes written back at a time in an injected sync: about 0.1 s of the target's commit rate.
+uint64_t writeback_piece(double commit_rate, uint64_t trigger);
+
+// One file's un-synced data; lives in its Inode, guarded by the window's lock.
+struct FileLedger {
+  uint64_t dirty = 0;
+  uint64_t syncing = 0;
+  double dirty_since = 0;  // when the oldest dirty byte was written (dirty > 0)
+  int error = 0;           // a failed injected sync's errno, for the application's next call
+  int errors = 0;          // failures in a row (the retry backoff)
+  double retry_after = 0;
+  bool released = false;   // its last handle closed with dirty data
+  bool forgotten = false;  // the kernel forgot it: only the window can still sync it
+  bool queued = false;     // an fsync of it is queued or running (one at a time)
+  int opens = 0;           // open handles
+  int64_t lo = -1;         // the range written since the last injected sync
+  int64_t hi = 0;
+  Fd held;                 // a released handle's descriptor, for its release sync
+  bool owes() const { return dirty > 0 || syncing > 0 || error != 0 || queued; }
+};
+
+struct WindowParams {
+  uint64_t window = 256ull << 20;  // bytes the gate admits un-synced (the control plane moves it)
+  double commit_rate = 0;          // the target's measured bytes/s (0: not known yet)
+  uint64_t batch = 64ull << 20;
+  double max_age = 30;
+  double admission_timeout = 60;
+  bool enforce = true;  // the gate holds writes back (mode=off: it does not)
+  bool inject = true;   // injected fsyncs (mode=off: only the end's and forgotten files')
+  bool pieces = true;
+  bool drop_synced = true;
+};
+
+// What one fsync covers.
+struct SyncJob {
+  std::shared_ptr<Inode> inode;
+  SyncReason reason = SyncReason::kBatch;
+  uint64_t bytes = 0;
+  double since = 0;
+  int64_t lo = -1;  // written back in pieces and dropped after (injected syncs)
+  int64_t hi = 0;
+  uint64_t piece = 0;
+  bool drop = false;
+  Fd held;
+};
+
+struct WindowStats {
+  uint64_t window, unsynced, reserved, syncing, unsynced_high, dirty_files;
+  double oldest_age;
+  uint64_t written, synced, failed_syncs;
+  uint64_t waiting, throttled, paced, timeouts;
+  double wait_seconds;
+  double commit_rate;
+};
+
+class Window {
+ public:
+  explicit Window(WindowParams params) : p_(params) {}
+
+  // --- the write path ---
+  // Wait until *n* bytes fit (first come, first served; paced above half the window), at most
+  // admission_timeout, and reserve them.
+  void admit(uint64_t n);
+  // A write that reserved *reserved* ended: *written* bytes (at *off*) reached the target.
+  void landed(const std::shared_ptr<Inode>& inode, uint64_t reserved, int64_t written, int64_t off);
+  // The file's pending sync error, handed out once (0: none).
+  int take_error(Inode& inode);
+  // The file's data needs no sync any more (truncated to nothing).
+  void discard(Inode& inode);
+  void opened(const std::shared_ptr<Inode>& inode);
+  // The handle closed; *fd* is its descriptor, kept for the release sync if the file is dirty.
+  void released(const std::shared_ptr<Inode>& inode, Fd fd);
+  // The kernel forgot the file: kept (and synced) while it owes anything.
+  void forgotten(const std::shared_ptr<Inode>& inode);
+
+  // --- the application's own fsync ---
+  uint64_t begin_app_sync(Inode& inode);
+  void end_app_sync(Inode& inode, uint64_t bytes, int error);
+
+  // --- the flusher ---
+  // Wait for due syncs (or *stopping*) and hand them out, their bytes now syncing.
+  std::vector<SyncJob> wait_due(const bool& stopping);
+  // The syncs due at *now*, handed out (what wait_due returns; the unit tests' clock).
+  std::vector<SyncJob> take_due(double now);
+  void wake_flusher();
+  // An injected sync ended (error 0: durable).
+  void end_sync(SyncJob& job, int error);
+  // For the end: every file with dirty bytes, each handed to a sync now (backoff ignored).
+  std::vector<SyncJob> take_all_dirty();
+  // The flusher's stop flag is read under this lock.
+  std::mutex& lock() { return lock_; }
+
+  // --- the control plane ---
+  void set_window(uint64_t window, double commit_rate);
+  WindowStats stats();
+  const WindowParams& params() const { return p_; }
+
+ private:
+  uint64_t unsynced() const { return reserved_ + in_files_; }
+  bool fits(uint64_t n) const;
+  double ready_at(uint64_t n, double now) const;  // <0: no room
+  void reserve(uint64_t n, double now);
+  SyncJob begin(const std::shared_ptr<Inode>& inode, SyncReason reason);
+  std::vector<SyncJob> due(double now);
+  double next_deadline() const;
+  // Out of the table once it owes nothing; what it held is closed after the lock (into *out*).
+  void collect(Inode& inode, std::vector<std::shared_ptr<Inode>>& out, std::vector<Fd>& fds);
+
+  WindowParams p_;
+  std::mutex lock_;
+  std::condition_variable gate_;
+  std::condition_variable flusher_;
+  std::unordered_map<const Inode*, std::shared_ptr<Inode>> files_;  // every file that owes
+  std::deque<uint64_t> line_;  // waiting writes' tickets, first come first served
+  uint64_t next_ticket_ = 0;
+  double next_paced_ = 0;
+  uint64_t reserved_ = 0;
+  uint64_t in_files_ = 0;  // every file's dirty + syncing
+  uint64_t unsynced_high_ = 0;
+  size_t held_ = 0;
+  uint64_t written_ = 0, synced_ = 0, failed_syncs_ = 0;
+  uint64_t throttled_ = 0, paced_ = 0, timeouts_ = 0;
+  double wait_seconds_ = 0;
+};
+
+}  // namespace ft

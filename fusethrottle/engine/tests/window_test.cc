@@ -1,0 +1,180 @@
+// The window's rules without a mount: what is due for an fsync and why, what a failed sync
+// leaves, and that the gate holds a write until a sync makes room. `make test` runs it.
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "../src/inode.h"
+#include "../src/window.h"
+
+namespace {
+
+int failures = 0;
+
+#define CHECK(cond)                                                   \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      std::fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
+      failures++;                                                     \
+    }                                                                 \
+  } while (0)
+
+constexpr uint64_t MiB = 1ull << 20;
+
+std::shared_ptr<ft::Inode> file(ino_t ino) {
+  return std::make_shared<ft::Inode>(ft::Fd(), ft::InodeKey{1, ino}, S_IFREG);
+}
+
+ft::WindowParams params() {
+  ft::WindowParams p;
+  p.window = 64 * MiB;
+  p.batch = 16 * MiB;
+  p.max_age = 30;
+  p.admission_timeout = 60;
+  return p;
+}
+
+void test_pure_rules() {
+  CHECK(ft::sync_trigger(64 * MiB, 256 * MiB) == 64 * MiB);
+  CHECK(ft::sync_trigger(64 * MiB, 32 * MiB) == 16 * MiB);  // half the window if smaller
+  CHECK(ft::sync_trigger(64 * MiB, 0) == 1);
+  CHECK(ft::pacing_rate(100.0, 10, 100) == 0);    // below half: no pacing
+  CHECK(ft::pacing_rate(100.0, 50, 100) == 100);  // at half: the commit rate
+  CHECK(ft::pacing_rate(100.0, 100, 100) == 10);  // at the edge: a tenth of it
+  CHECK(ft::pacing_rate(0.0, 90, 100) == 0);      // rate unknown: no pacing
+  CHECK(ft::writeback_piece(0, 64 * MiB) == MiB);               // rate unknown
+  CHECK(ft::writeback_piece(20.0 * MiB, 64 * MiB) == 2 * MiB);  // 0.1 s of it
+  CHECK(ft::writeback_piece(1.0 * MiB, 64 * MiB) == 128 * 1024);  // never below 128 KiB
+  CHECK(ft::writeback_piece(1000.0 * MiB, 4 * MiB) == 4 * MiB);   // never above the trigger
+}
+
+void test_a_file_is_due_at_its_batch_on_release_and_by_age() {
+  ft::Window w(params());
+  auto a = file(1), b = file(2), c = file(3);
+  w.admit(16 * MiB);
+  w.landed(a, 16 * MiB, 16 * MiB, 0);
+  w.admit(MiB);
+  w.landed(b, MiB, MiB, 0);
+  w.admit(MiB);
+  w.landed(c, MiB, MiB, 0);
+  double t = ft::now_seconds();
+  auto jobs = w.take_due(t);
+  CHECK(jobs.size() == 1 && jobs[0].inode == a && jobs[0].reason == ft::SyncReason::kBatch);
+  CHECK(jobs.size() == 1 && jobs[0].bytes == 16 * MiB && jobs[0].lo == 0 && jobs[0].hi == int64_t(16 * MiB));
+  CHECK(w.take_due(t).empty());  // one sync per file at a time; the others not due yet
+  w.opened(b);
+  w.released(b, ft::Fd());
+  auto released = w.take_due(t);
+  CHECK(released.size() == 1 && released[0].inode == b && released[0].reason == ft::SyncReason::kRelease);
+  auto aged = w.take_due(t + 31);
+  CHECK(aged.size() == 1 && aged[0].inode == c && aged[0].reason == ft::SyncReason::kAge);
+  CHECK(w.stats().unsynced == 18 * MiB);
+  for (auto* done : {&jobs[0], &released[0], &aged[0]}) w.end_sync(*done, 0);
+  auto s = w.stats();
+  CHECK(s.unsynced == 0 && s.synced == 18 * MiB && s.dirty_files == 0);
+}
+
+void test_under_pressure_the_largest_file_is_synced_below_its_batch() {
+  ft::WindowParams p = params();
+  p.window = 32 * MiB;  // the trigger: 16 MiB
+  ft::Window w(p);
+  auto small = file(1), large = file(2);
+  w.admit(4 * MiB);
+  w.landed(small, 4 * MiB, 4 * MiB, 0);
+  w.admit(14 * MiB);
+  w.landed(large, 14 * MiB, 14 * MiB, 0);  // 18 of 32 MiB: over half the window
+  auto jobs = w.take_due(ft::now_seconds());
+  CHECK(jobs.size() == 1 && jobs[0].inode == large && jobs[0].reason == ft::SyncReason::kWindow);
+}
+
+void test_a_failed_sync_keeps_its_bytes_and_its_error_for_the_application_once() {
+  ft::Window w(params());
+  auto a = file(1);
+  w.admit(16 * MiB);
+  w.landed(a, 16 * MiB, 16 * MiB, 0);
+  double t = ft::now_seconds();
+  auto jobs = w.take_due(t);
+  CHECK(jobs.size() == 1);
+  if (jobs.size() != 1) return;
+  w.end_sync(jobs[0], EIO);
+  CHECK(w.stats().unsynced == 16 * MiB);  // still owed
+  CHECK(w.stats().failed_syncs == 1);
+  CHECK(w.take_due(t).empty());  // backing off
+  CHECK(w.take_error(*a) == EIO);
+  CHECK(w.take_error(*a) == 0);  // handed out once
+  auto retry = w.take_due(t + 2);
+  CHECK(retry.size() == 1 && retry[0].bytes == 16 * MiB && retry[0].lo == 0);
+  if (retry.size() == 1) w.end_sync(retry[0], 0);
+  CHECK(w.stats().unsynced == 0);
+}
+
+void test_the_applications_own_fsync_takes_the_bytes_and_truncation_discards_them() {
+  ft::Window w(params());
+  auto a = file(1), b = file(2);
+  w.admit(MiB);
+  w.landed(a, MiB, MiB, 0);
+  w.admit(MiB);
+  w.landed(b, MiB, MiB, 0);
+  uint64_t taken = w.begin_app_sync(*a);
+  CHECK(taken == MiB);
+  w.end_app_sync(*a, taken, EIO);  // the application was told: not owed again
+  w.discard(*b);
+  CHECK(w.stats().unsynced == 0 && w.stats().dirty_files == 0);
+}
+
+void test_the_gate_holds_a_write_until_a_sync_makes_room() {
+  ft::Window w(params());
+  auto a = file(1);
+  w.admit(60 * MiB);
+  w.landed(a, 60 * MiB, 60 * MiB, 0);
+  std::atomic<bool> admitted{false};
+  std::thread writer([&] {
+    w.admit(8 * MiB);  // 68 > 64 MiB: waits
+    admitted = true;
+  });
+  while (w.stats().waiting == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(!admitted);
+  auto jobs = w.take_due(ft::now_seconds());
+  CHECK(jobs.size() == 1);
+  if (jobs.size() == 1) w.end_sync(jobs[0], 0);
+  writer.join();
+  CHECK(admitted);
+  auto s = w.stats();
+  CHECK(s.throttled == 1 && s.unsynced == 8 * MiB && s.unsynced_high <= 64 * MiB);
+}
+
+void test_a_forgotten_file_is_synced_even_without_injection() {
+  ft::WindowParams p = params();
+  p.inject = false;
+  p.enforce = false;
+  ft::Window w(p);
+  auto a = file(1);
+  w.admit(32 * MiB);
+  w.landed(a, 32 * MiB, 32 * MiB, 0);
+  CHECK(w.take_due(ft::now_seconds() + 100).empty());  // mode=off injects nothing
+  w.forgotten(a);
+  auto jobs = w.take_due(ft::now_seconds());
+  CHECK(jobs.size() == 1 && jobs[0].reason == ft::SyncReason::kForget);
+}
+
+}  // namespace
+
+int main() {
+  test_pure_rules();
+  test_a_file_is_due_at_its_batch_on_release_and_by_age();
+  test_under_pressure_the_largest_file_is_synced_below_its_batch();
+  test_a_failed_sync_keeps_its_bytes_and_its_error_for_the_application_once();
+  test_the_applications_own_fsync_takes_the_bytes_and_truncation_discards_them();
+  test_the_gate_holds_a_write_until_a_sync_makes_room();
+  test_a_forgotten_file_is_synced_even_without_injection();
+  if (failures != 0) {
+    std::fprintf(stderr, "window_test: %d check(s) failed\n", failures);
+    return 1;
+  }
+  std::printf("window_test: all checks passed\n");
+  return 0;
+}
