@@ -77,42 +77,61 @@ void Flusher::decide() {
       std::lock_guard<std::mutex> guard(queue_lock_);
       for (auto& job : jobs) queue_.push_back(std::move(job));
     }
-    queue_cv_.notify_all();
+    // A worker per job, at most (a group is one worker's).
+    for (size_t i = 0; i < jobs.size() && i < workers_.size(); i++) queue_cv_.notify_one();
   }
 }
 
 void Flusher::work() {
+  constexpr size_t kGroupMax = 256;
   for (;;) {
-    SyncJob job;
+    std::vector<SyncJob> jobs;
     {
       std::unique_lock<std::mutex> guard(queue_lock_);
       queue_cv_.wait(guard, [this] { return !queue_.empty() || draining_; });
       if (queue_.empty()) return;
-      job = std::move(queue_.front());
+      jobs.push_back(std::move(queue_.front()));
       queue_.pop_front();
+      if (jobs.front().groupable()) {
+        for (auto it = queue_.begin(); it != queue_.end() && jobs.size() < kGroupMax;) {
+          if (it->groupable()) {
+            jobs.push_back(std::move(*it));
+            it = queue_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
     }
-    run(job);
+    run(jobs);
   }
 }
 
-void Flusher::run(SyncJob& job) {
-  in_flight_++;
-  double start = now_seconds();
-  int error = sync_job(job);
-  double end = now_seconds();
-  in_flight_--;
-  fsyncs_++;
-  if (error != 0) errors_++;
+void Flusher::run(std::vector<SyncJob>& jobs) {
   ft_engine_event event{};
   event.kind = FT_EVENT_SYNC;
-  event.reason = static_cast<uint32_t>(job.reason);
-  event.error = error;
-  event.node = reinterpret_cast<uint64_t>(job.inode.get());
-  event.bytes = job.bytes;
+  event.reason = static_cast<uint32_t>(jobs.front().reason);
+  event.node = reinterpret_cast<uint64_t>(jobs.front().inode.get());
+  in_flight_ += jobs.size();
+  double start = now_seconds();
+  for (auto& job : jobs) {
+    int error = sync_job(job);
+    in_flight_--;
+    fsyncs_++;
+    event.bytes += job.bytes;
+    if (error != 0) {
+      errors_++;
+      if (event.error == 0) {
+        event.error = error;  // the group's sample is its first failure
+        event.node = reinterpret_cast<uint64_t>(job.inode.get());
+      }
+      if (error != ESTALE) events_.lost(reinterpret_cast<uint64_t>(job.inode.get()), job.inode->fd(), error);
+    }
+    window_.end_sync(job, error);
+  }
+  double end = now_seconds();
   event.seconds = end - start;
   event.at = end;
-  if (error != 0 && error != ESTALE) events_.lost(event.node, job.inode->fd(), error);
-  window_.end_sync(job, error);
   events_.push(event);
 }
 
@@ -139,7 +158,11 @@ size_t Flusher::finish() {
   for (int pass = 0; pass < 3; pass++) {
     std::vector<SyncJob> jobs = window_.take_all_dirty();
     if (jobs.empty()) break;
-    for (auto& job : jobs) run(job);
+    for (auto& job : jobs) {
+      std::vector<SyncJob> one;
+      one.push_back(std::move(job));
+      run(one);
+    }
   }
   return window_.stats().dirty_files;
 }

@@ -35,7 +35,9 @@ class Flusher {
  private:
   void decide();
   void work();
-  void run(SyncJob& job);
+  // Sync *jobs* one after another and report them as one event (a group of small released
+  // files, or one job).
+  void run(std::vector<SyncJob>& jobs);
   void stop_threads();
 
   Window& window_;

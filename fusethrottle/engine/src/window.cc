@@ -75,7 +75,7 @@ void Window::admit(uint64_t n) {
   }
   uint64_t ticket = next_ticket_++;
   line_.push_back(ticket);
-  flusher_.notify_one();  // writers wait: keep the target busy
+  wake_flusher_by(start);  // writers wait: keep the target busy
   double give_up = start + p_.admission_timeout;
   bool full = false;
   bool timed_out = false;
@@ -118,7 +118,7 @@ void Window::landed(const std::shared_ptr<Inode>& inode, uint64_t reserved, int6
     f.lo = f.lo < 0 ? off : std::min(f.lo, off);
     f.hi = std::max(f.hi, off + written);
     files_.emplace(inode.get(), inode);
-    if (f.dirty >= sync_trigger(p_.batch, p_.window)) flusher_.notify_one();
+    if (f.dirty >= sync_trigger(p_.batch, p_.window)) wake_flusher_by(f.dirty_since);
   }
   gate_.notify_all();  // what was reserved and not written frees room
 }
@@ -159,11 +159,16 @@ void Window::released(const std::shared_ptr<Inode>& inode, Fd fd) {
   if (f.opens > 0) f.opens--;
   if (f.opens > 0 || f.dirty == 0) return;  // fd closes as this returns
   f.released = true;
+  f.released_at = now_seconds();
   if (!f.held && held_ < kHeldMax) {
     f.held = std::move(fd);
     held_++;
   }
-  flusher_.notify_one();
+  if (p_.inject) wake_flusher_by(f.released_at + kGroupGather);
+}
+
+void Window::wake_flusher_by(double when) {
+  if (flusher_wakes_at_ > when) flusher_.notify_one();
 }
 
 void Window::forgotten(const std::shared_ptr<Inode>& inode) {
@@ -171,7 +176,7 @@ void Window::forgotten(const std::shared_ptr<Inode>& inode) {
   if (!inode->ledger.owes()) return;
   inode->ledger.forgotten = true;
   files_.emplace(inode.get(), inode);
-  flusher_.notify_one();
+  wake_flusher_by(now_seconds());
 }
 
 void Window::collect(Inode& inode, std::vector<std::shared_ptr<Inode>>& out, std::vector<Fd>& fds) {
@@ -267,16 +272,21 @@ void Window::end_sync(SyncJob& job, int error) {
   if (job.held) fds.push_back(std::move(job.held));
   collect(*job.inode, gone, fds);
   gate_.notify_all();
-  flusher_.notify_one();
+  wake_flusher_by(now);  // more may be due now (pressure, the next batch)
 }
 
 std::vector<SyncJob> Window::due(double now) {
   std::vector<Inode*> ready;
   uint64_t in_flight = 0;
+  // Once the first close has gathered kGroupGather, every released file goes with it.
+  bool gathered = false;
   for (auto& [key, inode] : files_) {
     FileLedger& f = inode->ledger;
     in_flight += f.syncing;
-    if (f.dirty > 0 && !f.queued && now >= f.retry_after) ready.push_back(inode.get());
+    if (f.dirty > 0 && !f.queued && now >= f.retry_after) {
+      ready.push_back(inode.get());
+      gathered = gathered || (f.released && now - f.released_at >= kGroupGather);
+    }
   }
   std::sort(ready.begin(), ready.end(), [](Inode* a, Inode* b) {
     if (a->ledger.dirty != b->ledger.dirty) return a->ledger.dirty > b->ledger.dirty;
@@ -294,6 +304,7 @@ std::vector<SyncJob> Window::due(double now) {
     } else if (f.dirty >= trigger) {
       reason = SyncReason::kBatch;
     } else if (f.released) {
+      if (!gathered) continue;  // let the next closes join in
       reason = SyncReason::kRelease;
     } else if (now - f.dirty_since >= p_.max_age) {
       reason = SyncReason::kAge;
@@ -318,7 +329,9 @@ double Window::next_deadline() const {
     const FileLedger& f = inode->ledger;
     // Files being synced are left out: their end wakes the flusher anyway (counting them
     // made a passed deadline come back at once and spin for as long as the fsync took).
-    if (f.dirty > 0 && !f.queued) soonest = std::min(soonest, std::max(f.dirty_since + p_.max_age, f.retry_after));
+    if (f.dirty == 0 || f.queued) continue;
+    double due_at = f.released ? f.released_at + kGroupGather : f.dirty_since + p_.max_age;
+    soonest = std::min(soonest, std::max(due_at, f.retry_after));
   }
   return soonest;
 }
@@ -330,11 +343,13 @@ std::vector<SyncJob> Window::wait_due(const bool& stopping) {
     std::vector<SyncJob> jobs = due(now_seconds());
     if (!jobs.empty()) return jobs;
     double deadline = next_deadline();
+    flusher_wakes_at_ = deadline;
     if (deadline == kNever) {
       flusher_.wait(guard);
     } else {
       flusher_.wait_until(guard, at(deadline));
     }
+    flusher_wakes_at_ = 0;
   }
 }
 
@@ -367,7 +382,7 @@ void Window::set_window(uint64_t window, double commit_rate) {
   p_.window = window;
   p_.commit_rate = commit_rate;
   if (grew) gate_.notify_all();
-  flusher_.notify_one();
+  wake_flusher_by(now_seconds());
 }
 
 WindowStats Window::stats() {

@@ -35,6 +35,11 @@ uint64_t sync_trigger(uint64_t batch, uint64_t window);
 double pacing_rate(double commit_rate, uint64_t unsynced, uint64_t window);
 // Bytes written back at a time in an injected sync: about 0.1 s of the target's commit rate.
 uint64_t writeback_piece(double commit_rate, uint64_t trigger);
+// Released files gather this long before their syncs start, and those at most kGroupBytes
+// dirty are synced as a group: one event, one sample for the controller, one thread's turn
+// (a tar or rsync of a tree closes thousands of small files a second).
+constexpr double kGroupGather = 0.02;
+constexpr uint64_t kGroupBytes = 1ull << 20;
 
 // One file's un-synced data; lives in its Inode, guarded by the window's lock.
 struct FileLedger {
@@ -45,6 +50,7 @@ struct FileLedger {
   int errors = 0;          // failures in a row (the retry backoff)
   double retry_after = 0;
   bool released = false;   // its last handle closed with dirty data
+  double released_at = 0;
   bool forgotten = false;  // the kernel forgot it: only the window can still sync it
   bool queued = false;     // an fsync of it is queued or running (one at a time)
   int opens = 0;           // open handles
@@ -77,6 +83,8 @@ struct SyncJob {
   uint64_t piece = 0;
   bool drop = false;
   Fd held;
+  // A small released file's: synced in a group with the others queued alongside it.
+  bool groupable() const { return reason == SyncReason::kRelease && bytes <= kGroupBytes; }
 };
 
 struct WindowStats {
@@ -138,6 +146,8 @@ class Window {
   SyncJob begin(const std::shared_ptr<Inode>& inode, SyncReason reason);
   std::vector<SyncJob> due(double now);
   double next_deadline() const;
+  // Wake the flusher if it would not look by *when* on its own.
+  void wake_flusher_by(double when);
   // Out of the table once it owes nothing; what it held is closed after the lock (into *out*).
   void collect(Inode& inode, std::vector<std::shared_ptr<Inode>>& out, std::vector<Fd>& fds);
 
@@ -149,6 +159,10 @@ class Window {
   std::deque<uint64_t> line_;  // waiting writes' tickets, first come first served
   uint64_t next_ticket_ = 0;
   double next_paced_ = 0;
+  // When the flusher means to look next (0: it is looking now, and will see any change): a
+  // change due later than that needs no wake-up (a close per file would cost a thread switch
+  // and a pass over every dirty file).
+  double flusher_wakes_at_ = 0;
   uint64_t reserved_ = 0;
   uint64_t in_files_ = 0;  // every file's dirty + syncing
   uint64_t unsynced_high_ = 0;

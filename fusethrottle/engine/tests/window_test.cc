@@ -68,11 +68,14 @@ void test_a_file_is_due_at_its_batch_on_release_and_by_age() {
   CHECK(w.take_due(t).empty());  // one sync per file at a time; the others not due yet
   w.opened(b);
   w.released(b, ft::Fd());
-  auto released = w.take_due(t);
+  CHECK(w.take_due(ft::now_seconds()).empty());  // closes gather a moment, to go as a group
+  auto released = w.take_due(ft::now_seconds() + ft::kGroupGather);
   CHECK(released.size() == 1 && released[0].inode == b && released[0].reason == ft::SyncReason::kRelease);
+  CHECK(released.size() == 1 && released[0].groupable());
   auto aged = w.take_due(t + 31);
   CHECK(aged.size() == 1 && aged[0].inode == c && aged[0].reason == ft::SyncReason::kAge);
   CHECK(w.stats().unsynced == 18 * MiB);
+  if (jobs.size() != 1 || released.size() != 1 || aged.size() != 1) return;
   for (auto* done : {&jobs[0], &released[0], &aged[0]}) w.end_sync(*done, 0);
   auto s = w.stats();
   CHECK(s.unsynced == 0 && s.synced == 18 * MiB && s.dirty_files == 0);
