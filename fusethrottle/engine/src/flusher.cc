@@ -36,6 +36,22 @@ Fd reopen_as_writer(int path_fd, uint64_t writer, int* error) {
   return fd;
 }
 
+// Write [lo, hi) back *piece* bytes at a time, two pieces in the target's queue: the next is
+// started before the previous is waited for, so the target never idles between them and no
+// page waits behind more than two (reclaim that meets a page under write-back waits for it).
+// Errors surface in the fdatasync after.
+void write_back_in_pieces(int fd, int64_t lo, int64_t hi, int64_t piece) {
+  constexpr unsigned kStart = SYNC_FILE_RANGE_WRITE;
+  constexpr unsigned kFinish = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
+  int64_t previous = -1;
+  for (int64_t off = lo; off < hi; off += piece) {
+    ::sync_file_range(fd, off, std::min(piece, hi - off), kStart);
+    if (previous >= 0) ::sync_file_range(fd, previous, piece, kFinish);
+    previous = off;
+  }
+  if (previous >= 0) ::sync_file_range(fd, previous, std::min(piece, hi - previous), kFinish);
+}
+
 }  // namespace
 
 int sync_job(SyncJob& job) {
@@ -50,12 +66,15 @@ int sync_job(SyncJob& job) {
   }
   bool ranged = job.lo >= 0 && job.hi > job.lo;
   if (ranged && job.piece > 0) {
-    // A page then waits in the target's queue for one piece, not a whole batch: reclaim that
-    // meets a page under write-back waits for it. Errors surface in the fdatasync.
-    for (int64_t off = job.lo; off < job.hi; off += static_cast<int64_t>(job.piece)) {
-      int64_t len = std::min<int64_t>(static_cast<int64_t>(job.piece), job.hi - off);
-      ::sync_file_range(fd.get(), off, len,
-                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+    write_back_in_pieces(fd.get(), job.lo, job.hi, static_cast<int64_t>(job.piece));
+    // And what was written past the range while that ran: else the fdatasync puts all of it
+    // under write-back at once (and ext4's commit waits for it, with every journal handle of
+    // the target behind it: a readdir's atime update hung on a stalled target). The size the
+    // client holds, not a GETATTR (a plain fstat on NFS writes back every dirty page first).
+    struct statx sx {};
+    if (::statx(fd.get(), "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_SIZE, &sx) == 0 &&
+        static_cast<int64_t>(sx.stx_size) > job.hi) {
+      write_back_in_pieces(fd.get(), job.hi, static_cast<int64_t>(sx.stx_size), static_cast<int64_t>(job.piece));
     }
   }
   if (::fdatasync(fd.get()) != 0) return errno != 0 ? errno : EIO;
