@@ -20,7 +20,7 @@ from ..service.options import Config
 from ..stats import percentile
 from ..window.controller import Controller
 from .metrics.snapshot import RECENT_FSYNC_SPAN, ControllerFacts
-from .status_view import fmt_bytes, fmt_rate, fmt_seconds
+from .status_view import fmt_bytes, fmt_fsync_recent, fmt_rate, fmt_seconds
 
 #: Recent fsync durations kept at most (a span's worth at a few hundred a second).
 FSYNC_LOG_MAX = 65536
@@ -129,13 +129,7 @@ def format_native_status(s: dict[str, Any], now: float) -> str:
         f"  totals       written {fmt_bytes(s['written_bytes'])}, synced "
         f"{fmt_bytes(s['synced_bytes'])}"
     )
-    if fr["samples"]:
-        recent = (
-            f"p50 {fmt_seconds(fr['p50'])}, p99 {fmt_seconds(fr['p99'])}, max "
-            f"{fmt_seconds(fr['max'])} ({fr['samples']} in 5 min)"
-        )
-    else:
-        recent = "none in the last 5 min"
+    recent = fmt_fsync_recent(fr)
     by_reason = ", ".join(f"{r} {n}" for r, n in sorted(s["fsyncs_by_reason"].items()))
     lines.append(
         f"  fsync        {recent}; {s['fsyncs_in_flight']} in flight, "

@@ -50,6 +50,16 @@ def fmt_count(n: float) -> str:
     return f"{n:.0f}" if float(n).is_integer() else f"{n:.1f}"
 
 
+def fmt_fsync_recent(fr: dict[str, Any]) -> str:
+    """The last 5 minutes' fsync durations (a ``fsync_recent`` answer), in one phrase."""
+    if not fr["samples"]:
+        return "none in the last 5 min"
+    return (
+        f"p50 {fmt_seconds(fr['p50'])}, p99 {fmt_seconds(fr['p99'])}, max "
+        f"{fmt_seconds(fr['max'])} ({fr['samples']} in 5 min)"
+    )
+
+
 def _bucket_quantile(hist: dict[str, Any], q: float) -> float | None:
     """Upper bound of the histogram bucket holding quantile *q* (None: no samples)."""
     counts = hist.get("counts") or []
@@ -106,13 +116,7 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
         f"{reason} {sum(h['counts'])}" for reason, h in durations.items() if sum(h["counts"])
     )
     errors = sum(s["fsync_errors"].values())
-    if fr["samples"]:
-        recent = (
-            f"p50 {fmt_seconds(fr['p50'])}, p99 {fmt_seconds(fr['p99'])}, max "
-            f"{fmt_seconds(fr['max'])} ({fr['samples']} in 5 min)"
-        )
-    else:
-        recent = "none in the last 5 min"
+    recent = fmt_fsync_recent(fr)
     lines.append(f"  fsync        {recent}; {s['fsyncs_in_flight']} in flight, {errors} failed")
     lines.append(f"               by reason: {by_reason or 'none yet'}")
     wait_p99 = _bucket_quantile(s["admission_wait"], 0.99)
