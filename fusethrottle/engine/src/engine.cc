@@ -140,7 +140,7 @@ void ft_engine_read_stats(ft_engine* engine, ft_engine_stats* out) {
   *out = ft_engine_stats{};
   out->known_files = e.known_files();
   out->writeback_cache = e.writeback_cache() ? 1 : 0;
-  out->written_bytes = e.written();
+  out->written_bytes = w.written;
   out->window_bytes = w.window;
   out->unsynced_bytes = w.unsynced;
   out->reserved_bytes = w.reserved;

@@ -60,8 +60,6 @@ class Engine {
   void close_the_cache();
   bool closing() const { return closing_.load(std::memory_order_acquire); }
 
-  void count_written(size_t n) { written_.fetch_add(n, std::memory_order_relaxed); }
-  uint64_t written() const { return written_.load(std::memory_order_relaxed); }
 
  private:
   Options options_;
@@ -76,7 +74,6 @@ class Engine {
   bool mounted_ = false;
   std::atomic<bool> writeback_cache_{false};
   std::atomic<bool> closing_{false};
-  std::atomic<uint64_t> written_{0};
 };
 
 // The low-level operations (ops.cc).

@@ -467,7 +467,6 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
     engine.events().lost(node, inode_of(req, node).fd(), err);
     return (void)fuse_reply_err(req, err);
   }
-  engine.count_written(static_cast<size_t>(n));
   fuse_reply_write(req, static_cast<size_t>(n));
 }
 
