@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import MakeMount
-from mount_util import FUSETHROTTLE, wait_for
+from mount_util import FUSETHROTTLE, status_json, wait_for
 
 from fusethrottle.engine.native import LIBRARY_ENV, EngineStats, library_path
 from fusethrottle.observability.native_status import FsyncLog, format_native_status, native_status
@@ -75,6 +75,8 @@ def test_a_native_mounts_status_says_what_the_engine_counted() -> None:
         fsyncs=30,
         fsync_errors=1,
         throttled_writes=5,
+        killpriv_v2=True,
+        operations={"lookup": 40, "write": 900, "getxattr": 7},
     )
     fsyncs = FsyncLog()
     fsyncs.add(at=100.0, seconds=0.5, reason="batch")
@@ -89,11 +91,25 @@ def test_a_native_mounts_status_says_what_the_engine_counted() -> None:
     assert answer["fsyncs_by_reason"] == {"batch": 2, "release": 1}
     assert answer["fsync_recent"]["samples"] == 2
     assert answer["fsync_recent"]["max"] == 2.0
+    assert answer["operations"] == {"lookup": 40, "write": 900, "getxattr": 7}
+    assert answer["capability_question"] == "once per file (FUSE_HANDLE_KILLPRIV_V2)"
     text = format_native_status(json.loads(json.dumps(answer)), now=60.0)
     assert "24.0 MiB of 48.0 MiB admitted to the target (50%), 2 file(s)" in text, text
     assert "at most 50.0 MiB so far" in text, text
     assert "5 throttled" in text, text
     assert "by reason: batch 2, release 1" in text, text
+    assert "947 served: write 900, lookup 40, getxattr 7" in text, text
+    no_xattrs = native_status(
+        config,
+        0.0,
+        EngineStats(known_files=0, writeback_cache=True, written_bytes=0, xattrs=False),
+        make_controller(config),
+        64 << 20,
+        0,
+        FsyncLog(),
+        now=1.0,
+    )
+    assert no_xattrs["capability_question"] == "never (xattrs not served)"
 
 
 def _maps(pid: int) -> str:
@@ -134,6 +150,33 @@ def test_a_file_the_kernel_forgot_is_synced_on_the_target_before_the_end(
     assert "all data synced" in ft.log()
     for name in names:
         assert (target.mountpoint / name).read_bytes() == name.encode() * 1000
+
+
+@pytest.mark.mount
+@needs_engine
+def test_a_listing_with_attributes_hands_out_lookups_that_all_come_back(
+    make_mount: MakeMount, workdir: Path
+) -> None:
+    """ls -l is served by READDIRPLUS: each entry carries its attributes and counts as a
+    lookup the kernel will forget; the kernel needs no LOOKUP per entry. Miscounted, the engine
+    would keep files forever (too many) or drop one the kernel still uses (too few)."""
+    source = workdir / "listed"
+    source.mkdir()
+    for i in range(300):
+        (source / f"f{i:03}").write_bytes(b"x" * i)
+    ft = make_mount(source=source, options=("engine=native",))
+    listing = subprocess.run(
+        ["ls", "-ln", str(ft.mountpoint)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()[1:]
+    sizes = {line.split()[-1]: int(line.split()[4]) for line in listing}
+    assert sizes == {f"f{i:03}": i for i in range(300)}
+    status = status_json(ft.mountpoint)
+    assert status["operations"].get("readdirplus", 0) >= 1, status["operations"]
+    assert status["operations"].get("lookup", 0) < 30, status["operations"]
+    assert status["inodes"] == 300
+    Path("/proc/sys/vm/drop_caches").write_text("2")  # the kernel forgets unused inodes
+    assert wait_for(lambda: status_json(ft.mountpoint)["inodes"] == 0, 30)
+    assert (ft.mountpoint / "f299").stat().st_size == 299  # still served after all that
 
 
 @pytest.mark.mount

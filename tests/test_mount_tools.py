@@ -480,8 +480,6 @@ def test_over_a_target_without_xattrs_small_writes_cost_no_round_trips(
             call()
         assert err.value.errno == errno.EOPNOTSUPP
     assert (target.mountpoint / "stream.tar").read_bytes() == block * 512
-    if ENGINE == "native":
-        pytest.skip("the native engine counts no requests by operation yet (step 5)")
     status = status_json(ft.mountpoint)
     ops = status["operations"]
     assert ops.get("getxattr", 0) <= 1  # asked once, told ENOSYS, never again

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 #: Must match FT_ENGINE_ABI of the library.
-ABI = 4
+ABI = 5
 LIBRARY = Path(__file__).with_name("libfusethrottle_engine.so")
 LIBRARY_ENV = "FUSETHROTTLE_ENGINE_LIBRARY"
 _ERROR_SIZE = 512
@@ -21,6 +21,41 @@ _ERROR_SIZE = 512
 
 class EngineUnavailable(RuntimeError):
     """The library is missing or of another ABI; ``str()`` is the one line to print."""
+
+
+#: The requests the engine counts, in the order of enum ft_engine_op (FUSE's names for them).
+OPERATIONS = (
+    "lookup",
+    "forget",
+    "getattr",
+    "setattr",
+    "readlink",
+    "mknod",
+    "mkdir",
+    "unlink",
+    "rmdir",
+    "symlink",
+    "rename",
+    "link",
+    "open",
+    "read",
+    "write",
+    "flush",
+    "release",
+    "fsync",
+    "opendir",
+    "readdir",
+    "readdirplus",
+    "releasedir",
+    "fsyncdir",
+    "statfs",
+    "setxattr",
+    "getxattr",
+    "listxattr",
+    "removexattr",
+    "create",
+    "fallocate",
+)
 
 
 class _Config(ctypes.Structure):
@@ -43,6 +78,7 @@ class _Config(ctypes.Structure):
         ("writeback_pieces", ctypes.c_int),
         ("drop_synced", ctypes.c_int),
         ("sync_threads", ctypes.c_uint),
+        ("killpriv_v2", ctypes.c_int),
     )
 
 
@@ -68,6 +104,9 @@ class _Stats(ctypes.Structure):
         ("admission_timeouts", ctypes.c_uint64),
         ("admission_wait_seconds", ctypes.c_double),
         ("events_dropped", ctypes.c_uint64),
+        ("killpriv_v2", ctypes.c_int),
+        ("xattrs", ctypes.c_int),
+        ("operations", ctypes.c_uint64 * len(OPERATIONS)),
     )
 
 
@@ -113,6 +152,8 @@ class EngineConfig:
     writeback_pieces: bool = True
     drop_synced: bool = True
     sync_threads: int = 4
+    #: Ask for FUSE_HANDLE_KILLPRIV_V2: only where writes reach the target as their caller.
+    killpriv_v2: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,6 +179,12 @@ class EngineStats:
     admission_timeouts: int = 0
     admission_wait_seconds: float = 0.0
     events_dropped: int = 0
+    #: The INIT reply asked for FUSE_HANDLE_KILLPRIV_V2.
+    killpriv_v2: bool = False
+    #: Extended attributes are served.
+    xattrs: bool = True
+    #: Requests served so far, by FUSE operation (those served at least once).
+    operations: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -234,6 +281,7 @@ class NativeEngine:
             int(config.writeback_pieces),
             int(config.drop_synced),
             config.sync_threads,
+            int(config.killpriv_v2),
         )
         error = ctypes.create_string_buffer(_ERROR_SIZE)
         handle = lib.ft_engine_mount(ctypes.byref(raw), error, _ERROR_SIZE)
@@ -255,6 +303,10 @@ class NativeEngine:
         self._lib.ft_engine_read_stats(self._handle, ctypes.byref(raw))
         values = {name: getattr(raw, name) for name, _ in _Stats._fields_}
         values["writeback_cache"] = bool(values["writeback_cache"])
+        values["killpriv_v2"] = bool(values["killpriv_v2"])
+        values["xattrs"] = bool(values["xattrs"])
+        counts = values.pop("operations")
+        values["operations"] = {op: int(n) for op, n in zip(OPERATIONS, counts, strict=True) if n}
         return EngineStats(**values)
 
     def events_fd(self) -> int:

@@ -48,6 +48,16 @@ class FsyncLog:
         }
 
 
+def capability_question(stats: EngineStats) -> str:
+    """How often the kernel asks security.capability before a write (the Python data plane's
+    phrases): what small writes cost."""
+    if not stats.xattrs:
+        return "never (xattrs not served)"
+    if stats.killpriv_v2:
+        return "once per file (FUSE_HANDLE_KILLPRIV_V2)"
+    return "before every write()"
+
+
 def native_status(
     config: Config,
     started: float,
@@ -99,6 +109,8 @@ def native_status(
         "inodes": stats.known_files,
         "writeback_cache": stats.writeback_cache,
         "events_dropped": stats.events_dropped,
+        "operations": dict(stats.operations),
+        "capability_question": capability_question(stats),
     }
 
 
@@ -151,6 +163,10 @@ def format_native_status(s: dict[str, Any], now: float) -> str:
             f"{fmt_rate(c['recent_bytes_per_second'])}; {c['samples']} samples, "
             f"{c['holds']} halvings"
         )
+    ops = sorted(s["operations"].items(), key=lambda kv: -kv[1])
+    served = ", ".join(f"{op} {n}" for op, n in ops[:8]) or "none yet"
+    lines.append(f"  requests     {sum(s['operations'].values())} served: {served}")
+    lines.append(f"               security.capability asked {s['capability_question']}")
     lines.append(
         f"  daemon       {s['inodes']} inodes held; writeback cache "
         f"{'on' if s['writeback_cache'] else 'off'}; metering, ceilings and metrics: not on "

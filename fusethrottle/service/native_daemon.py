@@ -62,6 +62,7 @@ def serve_xattrs(config: Config) -> bool:
 
 
 def engine_config(config: Config) -> EngineConfig:
+    switching = config.credentials == "caller" and os.geteuid() == 0
     return EngineConfig(
         source=os.path.realpath(config.source),
         mountpoint=config.mountpoint,
@@ -69,7 +70,7 @@ def engine_config(config: Config) -> EngineConfig:
         writeback_cache=config.writeback_cache,
         attr_timeout=config.attr_timeout,
         max_threads=max(MAX_THREADS, config.threads),
-        switch_credentials=config.credentials == "caller" and os.geteuid() == 0,
+        switch_credentials=switching,
         xattrs=serve_xattrs(config),
         enforce=config.mode != "off",
         # Until the first fsync has measured the target (budget.effective_window).
@@ -79,6 +80,9 @@ def engine_config(config: Config) -> EngineConfig:
         admission_timeout=config.admission_timeout,
         writeback_pieces=config.writeback_pieces,
         drop_synced=config.drop_synced,
+        # The target removes set-ID bits itself only when it sees the writer: calls made as the
+        # caller, or a mount nobody but the daemon's user writes to.
+        killpriv_v2=switching or not config.allow_other,
     )
 
 

@@ -77,4 +77,11 @@ void become_caller(fuse_req_t req) {
   me.known = true;
 }
 
+void stop_being_caller() {
+  ThreadCaller& me = current;
+  if (!me.known || me.uid == 0) return;
+  syscall(SYS_setfsuid, 0);
+  me.uid = 0;
+}
+
 }  // namespace ft

@@ -12,6 +12,12 @@ namespace ft {
 // may (it runs as root). Cheap when the same caller asks again on the same thread.
 void become_caller(fuse_req_t req);
 
+// After a request: the thread's file-system uid back to the daemon's (groups and gid stay, for
+// the next become_caller to reuse). libfuse starts new request threads from a request thread,
+// and a new thread inherits its creator's ids: as a caller it could not open /dev/fuse for
+// its own queue (clone_fd), and would serve as that caller what should run as the daemon.
+void stop_being_caller();
+
 // Whether become_caller switches anything (decided once, at start).
 void set_switch_credentials(bool on);
 

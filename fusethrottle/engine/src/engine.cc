@@ -47,6 +47,12 @@ int Engine::mount(std::string& error) {
     return -EIO;
   }
   mounted_ = true;
+  io_.ask_killpriv_v2 = options_.killpriv_v2;
+  rc = use_session_io(session_.get(), fuse_session_fd(session_.get()));
+  if (rc != 0) {
+    error = std::string("the session's io: ") + std::strerror(-rc);
+    return rc;
+  }
   rc = events_.open();
   if (rc != 0) {
     error = std::string("eventfd: ") + std::strerror(-rc);
@@ -88,6 +94,8 @@ void Engine::stop() {
   }
 }
 
+SessionIo& session_io_of(void* userdata) { return static_cast<Engine*>(userdata)->session_io(); }
+
 }  // namespace ft
 
 struct ft_engine {
@@ -109,6 +117,7 @@ ft_engine* ft_engine_mount(const ft_engine_config* config, char* error, size_t e
   options.max_threads = config->max_threads > 0 ? config->max_threads : 16;
   options.switch_credentials = config->switch_credentials != 0;
   options.xattrs = config->xattrs != 0;
+  options.killpriv_v2 = config->killpriv_v2 != 0;
   options.window.enforce = config->enforce != 0;
   options.window.inject = config->inject != 0;
   options.window.window = config->window;
@@ -158,6 +167,11 @@ void ft_engine_read_stats(ft_engine* engine, ft_engine_stats* out) {
   out->admission_timeouts = w.timeouts;
   out->admission_wait_seconds = w.wait_seconds;
   out->events_dropped = e.events().dropped();
+  out->killpriv_v2 = e.session_io().killpriv_v2.load() ? 1 : 0;
+  out->xattrs = e.options().xattrs ? 1 : 0;
+  for (int op = 0; op < FT_OP_COUNT; op++) {
+    out->operations[op] = e.served(static_cast<ft_engine_op>(op));
+  }
 }
 
 int ft_engine_events_fd(ft_engine* engine) { return engine->engine->events().fd(); }

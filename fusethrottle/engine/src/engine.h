@@ -3,13 +3,16 @@
 
 #include <fuse_lowlevel.h>
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <string>
 
 #include "events.h"
 #include "flusher.h"
+#include "fusethrottle_engine.h"
 #include "inode.h"
+#include "session_io.h"
 #include "window.h"
 
 namespace ft {
@@ -24,6 +27,7 @@ struct Options {
   unsigned max_threads = 16;
   bool switch_credentials = false;
   bool xattrs = true;
+  bool killpriv_v2 = false;
   WindowParams window;
   unsigned sync_threads = 4;
 };
@@ -52,6 +56,13 @@ class Engine {
   bool writeback_cache() const { return writeback_cache_.load(); }
   void set_writeback_cache(bool on) { writeback_cache_.store(on); }
   size_t known_files() { return inodes_.size(); }
+  SessionIo& session_io() { return io_; }
+
+  // Every request is counted by kind as it arrives (ops.cc: counted).
+  void count(ft_engine_op op) { operations_[op].fetch_add(1, std::memory_order_relaxed); }
+  uint64_t served(ft_engine_op op) const {
+    return operations_[op].load(std::memory_order_relaxed);
+  }
 
   // From here on nothing new is taken: every request but the kernel's write-back and the
   // closing of files is answered ENOTCONN, and every attribute the kernel holds is expired,
@@ -59,7 +70,6 @@ class Engine {
   // attributes first) instead of acknowledged for pages nobody would write back.
   void close_the_cache();
   bool closing() const { return closing_.load(std::memory_order_acquire); }
-
 
  private:
   Options options_;
@@ -71,6 +81,8 @@ class Engine {
     void operator()(fuse_session* se) const { fuse_session_destroy(se); }
   };
   std::unique_ptr<fuse_session, SessionDeleter> session_;
+  SessionIo io_;
+  std::array<std::atomic<uint64_t>, FT_OP_COUNT> operations_{};
   bool mounted_ = false;
   std::atomic<bool> writeback_cache_{false};
   std::atomic<bool> closing_{false};

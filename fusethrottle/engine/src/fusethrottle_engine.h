@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a structure or call below changes: Python refuses a library of another. */
-#define FT_ENGINE_ABI 4
+#define FT_ENGINE_ABI 5
 
 struct ft_engine_config {
   const char *source;       /* the backing directory */
@@ -33,6 +33,20 @@ struct ft_engine_config {
   int writeback_pieces;     /* write back in pieces of ~0.1 s of the commit rate first */
   int drop_synced;          /* drop synced ranges from the target's page cache */
   unsigned sync_threads;    /* fsyncs running at once at most */
+  int killpriv_v2;          /* ask the kernel to leave set-ID removal to the target (only
+                             * where writes reach it as their caller) */
+};
+
+/* The requests the engine serves, in the order of ft_engine_stats.operations (native.py
+ * names them as the FUSE operations they are). */
+enum ft_engine_op {
+  FT_OP_LOOKUP, FT_OP_FORGET, FT_OP_GETATTR, FT_OP_SETATTR, FT_OP_READLINK, FT_OP_MKNOD,
+  FT_OP_MKDIR, FT_OP_UNLINK, FT_OP_RMDIR, FT_OP_SYMLINK, FT_OP_RENAME, FT_OP_LINK, FT_OP_OPEN,
+  FT_OP_READ, FT_OP_WRITE, FT_OP_FLUSH, FT_OP_RELEASE, FT_OP_FSYNC, FT_OP_OPENDIR,
+  FT_OP_READDIR, FT_OP_READDIRPLUS, FT_OP_RELEASEDIR, FT_OP_FSYNCDIR, FT_OP_STATFS,
+  FT_OP_SETXATTR, FT_OP_GETXATTR, FT_OP_LISTXATTR, FT_OP_REMOVEXATTR, FT_OP_CREATE,
+  FT_OP_FALLOCATE,
+  FT_OP_COUNT
 };
 
 struct ft_engine_stats {
@@ -56,6 +70,9 @@ struct ft_engine_stats {
   uint64_t admission_timeouts;
   double admission_wait_seconds;
   uint64_t events_dropped;  /* events the control plane did not drain in time */
+  int killpriv_v2;          /* the INIT reply asked for FUSE_HANDLE_KILLPRIV_V2 */
+  int xattrs;               /* extended attributes are served */
+  uint64_t operations[FT_OP_COUNT]; /* requests served, by kind */
 };
 
 /* What the control plane hears of. */

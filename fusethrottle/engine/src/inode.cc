@@ -1,6 +1,7 @@
 #include "inode.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -33,6 +34,11 @@ std::shared_ptr<Inode> InodeTable::forget(fuse_ino_t node, uint64_t n) {
   auto* inode = reinterpret_cast<Inode*>(node);
   inode->lookups_ -= n < inode->lookups_ ? n : inode->lookups_;
   if (inode->lookups_ != 0) return nullptr;
+  if (auto was = detached_.find(inode); was != detached_.end()) {
+    std::shared_ptr<Inode> gone = std::move(was->second);
+    detached_.erase(was);
+    return gone;
+  }
   auto it = known_.find(inode->key());
   if (it == known_.end() || it->second.get() != inode) return nullptr;
   std::shared_ptr<Inode> gone = std::move(it->second);
@@ -40,17 +46,50 @@ std::shared_ptr<Inode> InodeTable::forget(fuse_ino_t node, uint64_t n) {
   return gone;
 }
 
+std::shared_ptr<Inode> InodeTable::find(InodeKey key) {
+  std::lock_guard<std::mutex> guard(lock_);
+  auto it = known_.find(key);
+  return it == known_.end() ? nullptr : it->second;
+}
+
+bool InodeTable::detach(Inode& inode) {
+  // An unbound socket: nothing on the target, and a reopen through /proc fails (ENXIO).
+  Fd placeholder(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!placeholder) return false;
+  std::lock_guard<std::mutex> guard(lock_);
+  auto it = known_.find(inode.key());
+  if (it == known_.end() || it->second.get() != &inode) return false;
+  if (::dup3(placeholder.get(), inode.fd(), O_CLOEXEC) < 0) return false;
+  inode.detached_.store(true, std::memory_order_release);
+  detached_.emplace(&inode, std::move(it->second));
+  known_.erase(it);
+  return true;
+}
+
+void InodeTable::reattach(Inode& inode, Fd fresh) {
+  std::lock_guard<std::mutex> guard(lock_);
+  if (::dup3(fresh.get(), inode.fd(), O_CLOEXEC) < 0) return;
+  inode.detached_.store(false, std::memory_order_release);
+  auto was = detached_.find(&inode);
+  if (was == detached_.end()) return;
+  auto& slot = known_[inode.key()];
+  if (slot) return;  // looked up anew meanwhile: this one stays out of the lookup by key
+  slot = std::move(was->second);
+  detached_.erase(was);
+}
+
 std::vector<fuse_ino_t> InodeTable::nodes() {
   std::lock_guard<std::mutex> guard(lock_);
   std::vector<fuse_ino_t> out;
-  out.reserve(known_.size());
+  out.reserve(known_.size() + detached_.size());
   for (auto& [key, inode] : known_) out.push_back(reinterpret_cast<fuse_ino_t>(inode.get()));
+  for (auto& [at, inode] : detached_) out.push_back(reinterpret_cast<fuse_ino_t>(inode.get()));
   return out;
 }
 
 size_t InodeTable::size() {
   std::lock_guard<std::mutex> guard(lock_);
-  return known_.size();
+  return known_.size() + detached_.size();
 }
 
 }  // namespace ft

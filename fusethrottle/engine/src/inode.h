@@ -39,6 +39,15 @@ class Inode : public std::enable_shared_from_this<Inode> {
   InodeKey key() const { return key_; }
   bool is_symlink() const { return S_ISLNK(type_); }
   bool is_dir() const { return S_ISDIR(type_); }
+  bool is_regular() const { return S_ISREG(type_); }
+  // Let go of before its last name was removed (removal.h): its descriptor's number points at
+  // nothing of the target any more, so calls through it fail instead of reaching another file.
+  bool detached() const { return detached_.load(std::memory_order_acquire); }
+
+  // The mtime the kernel's writeback cache last handed back with a file handle (ns), see
+  // op_setattr: the same time sent again later without one is still the kernel's own.
+  void set_kernel_mtime(int64_t ns) { kernel_mtime_.store(ns, std::memory_order_relaxed); }
+  int64_t kernel_mtime() const { return kernel_mtime_.load(std::memory_order_relaxed); }
 
   // Who last opened the file to write: its syncs run as them (a squashing target refuses the
   // daemon's root), as NFS's write-back does.
@@ -56,6 +65,8 @@ class Inode : public std::enable_shared_from_this<Inode> {
   mode_t type_;
   uint64_t lookups_ = 0;  // guarded by the table's lock
   std::atomic<uint64_t> writer_{0};
+  std::atomic<int64_t> kernel_mtime_{-1};
+  std::atomic<bool> detached_{false};
 };
 
 class InodeTable {
@@ -80,6 +91,16 @@ class InodeTable {
   // back (the window keeps it while it owes a sync; its descriptor closes with the last).
   std::shared_ptr<Inode> forget(fuse_ino_t node, uint64_t n);
 
+  // The file known by *key*, if the kernel holds it.
+  std::shared_ptr<Inode> find(InodeKey key);
+  // Let go of *inode*'s descriptor before its last name is removed: the number is pointed at
+  // a placeholder (so it is not reused while a request still holds it) and the inode leaves
+  // the lookup by key (a new lookup of the file makes a new one); the kernel's node id stays
+  // valid until it forgets it. False if the table no longer knows it by its key.
+  bool detach(Inode& inode);
+  // The removal failed: *inode* holds its file again through *fresh*.
+  void reattach(Inode& inode, Fd fresh);
+
   // The node ids the kernel holds (the root aside), for invalidating their attributes.
   std::vector<fuse_ino_t> nodes();
 
@@ -88,6 +109,7 @@ class InodeTable {
  private:
   std::mutex lock_;
   std::unordered_map<InodeKey, std::shared_ptr<Inode>, InodeKeyHash> known_;
+  std::unordered_map<const Inode*, std::shared_ptr<Inode>> detached_;  // still held by the kernel
   std::shared_ptr<Inode> root_;
 };
 

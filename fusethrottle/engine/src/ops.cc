@@ -18,6 +18,7 @@
 #include "caller.h"
 #include "engine.h"
 #include "handles.h"
+#include "removal.h"
 
 namespace ft {
 namespace {
@@ -33,10 +34,19 @@ bool refused(fuse_req_t req) {
   return true;
 }
 
+// A request for a file let go of before its name was removed (removal.h): answered as for a
+// removed file, never through the placeholder its descriptor's number points at.
+bool let_go_of(fuse_req_t req, const Inode& inode) {
+  if (!inode.detached()) return false;
+  fuse_reply_err(req, ENOENT);
+  return true;
+}
+
 // The errno of a failed call, never 0 (a reply of 0 to a request that failed is a lie).
 int failed() { return errno != 0 ? errno : EIO; }
 
 int stat_inode(const Inode& inode, struct stat* st) {
+  if (inode.detached()) return ENOENT;  // let go of: its name was removed
   return ::fstatat(inode.fd(), "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 ? 0 : failed();
 }
 
@@ -136,8 +146,9 @@ void op_init(void* userdata, fuse_conn_info* conn) {
     conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
   }
   engine.set_writeback_cache(cache);
-  // Entries come from readdir alone: readdirplus would hand out lookups too.
-  conn->want &= ~(FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO);
+  // READDIRPLUS when the kernel sees it pay (a listing followed by lookups), READDIR else.
+  if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
+  if (conn->capable & FUSE_CAP_READDIRPLUS_AUTO) conn->want |= FUSE_CAP_READDIRPLUS_AUTO;
   // The kernel clears set-user-ID bits on write itself (a request as root would keep them).
   conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
@@ -194,6 +205,7 @@ void op_symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char*
 void op_link(fuse_req_t req, fuse_ino_t node, fuse_ino_t newparent, const char* newname) {
   if (refused(req)) return;
   become_caller(req);
+  if (let_go_of(req, inode_of(req, node))) return;
   // Through /proc: linkat(AT_EMPTY_PATH) would need CAP_DAC_READ_SEARCH of the caller.
   std::string from = proc_path(inode_of(req, node).fd());
   if (::linkat(AT_FDCWD, from.c_str(), inode_of(req, newparent).fd(), newname, AT_SYMLINK_FOLLOW) != 0)
@@ -204,8 +216,11 @@ void op_link(fuse_req_t req, fuse_ino_t node, fuse_ino_t newparent, const char* 
 void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (refused(req)) return;
   become_caller(req);
-  int rc = ::unlinkat(inode_of(req, parent).fd(), name, 0);
-  fuse_reply_err(req, rc == 0 ? 0 : failed());
+  int dir = inode_of(req, parent).fd();
+  LetGo held(engine_of(req), dir, name);
+  int err = ::unlinkat(dir, name, 0) == 0 ? 0 : failed();
+  held.removed(err);
+  fuse_reply_err(req, err);
 }
 
 void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -219,8 +234,16 @@ void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t n
                const char* newname, unsigned int flags) {
   if (refused(req)) return;
   become_caller(req);
-  int rc = ::renameat2(inode_of(req, parent).fd(), name, inode_of(req, newparent).fd(), newname, flags);
-  fuse_reply_err(req, rc == 0 ? 0 : failed());
+  int from = inode_of(req, parent).fd();
+  int to = inode_of(req, newparent).fd();
+  if (flags & (RENAME_EXCHANGE | RENAME_NOREPLACE)) {  // nothing is replaced
+    int rc = ::renameat2(from, name, to, newname, flags);
+    return (void)fuse_reply_err(req, rc == 0 ? 0 : failed());
+  }
+  LetGo held(engine_of(req), to, newname);  // the file renamed over, if any
+  int err = ::renameat2(from, name, to, newname, flags) == 0 ? 0 : failed();
+  held.removed(err);
+  fuse_reply_err(req, err);
 }
 
 // --- attributes -------------------------------------------------------------------------------
@@ -272,10 +295,49 @@ int set_attributes(const Inode& inode, const struct stat& attr, int to_set, cons
   return 0;
 }
 
+int64_t nanoseconds(const struct timespec& t) { return t.tv_sec * 1000000000LL + t.tv_nsec; }
+
+// With the writeback cache the kernel stamps a file's mtime and ctime itself and hands them
+// back in a times-only SETATTR on close, fsync, rename, link and unlink. The target stamped
+// its own mtime when the writes reached it, as for an application writing to it directly, and
+// keeps ctime itself: such a request is answered from the target's attributes without
+// changing them (on NFS no SETATTR per file written, and a writer who does not own the file
+// is not refused setting times only an owner may set). Recognised as: a regular file, times
+// only, no atime and no "now", and either no mtime (ctime alone), or a file handle (only the
+// kernel's own write-back of times carries one; utimes and futimens never do), or the mtime
+// the file has, or the kernel's own one seen earlier with a handle. Any other time reaches
+// the target.
+constexpr int kNotTheKernels = FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID |
+                               FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW |
+                               FUSE_SET_ATTR_MTIME_NOW;
+
+bool may_be_kernels_times(const Engine& engine, const Inode& inode, int to_set) {
+  return engine.writeback_cache() && inode.is_regular() && (to_set & kNotTheKernels) == 0;
+}
+
+bool kernels_own_times(Inode& inode, const struct stat& attr, int to_set, const fuse_file_info* fi,
+                       const struct stat& now) {
+  if (!(to_set & FUSE_SET_ATTR_MTIME)) return true;
+  int64_t mtime = nanoseconds(attr.st_mtim);
+  if (fi != nullptr) {
+    inode.set_kernel_mtime(mtime);
+    return true;
+  }
+  return mtime == nanoseconds(now.st_mtim) || mtime == inode.kernel_mtime();
+}
+
 void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, fuse_file_info* fi) {
   if (refused(req)) return;
   become_caller(req);
   Inode& inode = inode_of(req, node);
+  if (fi == nullptr && let_go_of(req, inode)) return;
+  if (may_be_kernels_times(engine_of(req), inode, to_set)) {
+    struct stat now {};
+    int err = fi != nullptr ? (::fstat(borrow<OpenFile>(fi).fd.get(), &now) == 0 ? 0 : failed())
+                            : stat_inode(inode, &now);
+    if (err == 0 && kernels_own_times(inode, *attr, to_set, fi, now))
+      return (void)fuse_reply_attr(req, &now, engine_of(req).options().attr_timeout);
+  }
   int err = set_attributes(inode, *attr, to_set, fi);
   if (err) return (void)fuse_reply_err(req, err);
   // Truncated to nothing: what was written needs no sync any more.
@@ -285,6 +347,7 @@ void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, 
 
 void op_readlink(fuse_req_t req, fuse_ino_t node) {
   become_caller(req);
+  if (let_go_of(req, inode_of(req, node))) return;
   std::vector<char> target(PATH_MAX + 1);
   ssize_t n = ::readlinkat(inode_of(req, node).fd(), "", target.data(), target.size());
   if (n < 0) return (void)fuse_reply_err(req, failed());
@@ -307,6 +370,7 @@ void op_setxattr(fuse_req_t req, fuse_ino_t node, const char* name, const char* 
   if (refused(req)) return;
   become_caller(req);
   Inode& inode = inode_of(req, node);
+  if (let_go_of(req, inode)) return;
   if (inode.is_symlink()) return (void)fuse_reply_err(req, EOPNOTSUPP);
   int rc = ::setxattr(proc_path(inode.fd()).c_str(), name, value, size, flags);
   fuse_reply_err(req, rc == 0 ? 0 : failed());
@@ -315,6 +379,7 @@ void op_setxattr(fuse_req_t req, fuse_ino_t node, const char* name, const char* 
 void op_getxattr(fuse_req_t req, fuse_ino_t node, const char* name, size_t size) {
   become_caller(req);
   Inode& inode = inode_of(req, node);
+  if (let_go_of(req, inode)) return;
   if (inode.is_symlink()) return (void)fuse_reply_err(req, ENODATA);
   std::string path = proc_path(inode.fd());
   if (size == 0) {
@@ -331,6 +396,7 @@ void op_getxattr(fuse_req_t req, fuse_ino_t node, const char* name, size_t size)
 void op_listxattr(fuse_req_t req, fuse_ino_t node, size_t size) {
   become_caller(req);
   Inode& inode = inode_of(req, node);
+  if (let_go_of(req, inode)) return;
   if (inode.is_symlink()) {
     if (size == 0) return (void)fuse_reply_xattr(req, 0);
     return (void)fuse_reply_buf(req, nullptr, 0);
@@ -351,6 +417,7 @@ void op_removexattr(fuse_req_t req, fuse_ino_t node, const char* name) {
   if (refused(req)) return;
   become_caller(req);
   Inode& inode = inode_of(req, node);
+  if (let_go_of(req, inode)) return;
   if (inode.is_symlink()) return (void)fuse_reply_err(req, EOPNOTSUPP);
   int rc = ::removexattr(proc_path(inode.fd()).c_str(), name);
   fuse_reply_err(req, rc == 0 ? 0 : failed());
@@ -390,6 +457,7 @@ void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   if (refused(req)) return;
   become_caller(req);
   Engine& engine = engine_of(req);
+  if (let_go_of(req, inode_of(req, node))) return;
   std::string path = proc_path(inode_of(req, node).fd());
   bool bypass = false;
   Fd fd = open_as_asked(
@@ -456,6 +524,10 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
     if (refused(req)) return;
     if (int pending = engine.window().take_error(inode_of(req, node))) return (void)fuse_reply_err(req, pending);
   }
+  // A caller's own write reaches the target as that caller, so the target removes set-ID
+  // bits and the file capability as it would for them (see session_io.h); the kernel's
+  // write-back of its cache has no caller.
+  if (!fi->writepage) become_caller(req);
   // The back-pressure: the reply waits until the bytes fit in the window.
   size_t size = fuse_buf_size(in);
   engine.window().admit(size);
@@ -525,13 +597,38 @@ void op_opendir(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   if (fuse_reply_open(req, fi) != 0) take_back<OpenDir>(fi);
 }
 
-void op_readdir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+bool dot_or_dotdot(const char* name) {
+  return name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'));
+}
+
+// One entry of a READDIRPLUS: its attributes and a counted lookup (the kernel takes the entry
+// as a LOOKUP's answer), or none where the name cannot be looked up as the caller (gone
+// meanwhile, no search permission): the kernel then treats it as a plain entry.
+size_t add_entry_plus(fuse_req_t req, fuse_ino_t parent, char* buf, size_t room,
+                      const struct dirent& entry, off_t next, std::vector<fuse_ino_t>& counted) {
+  size_t need = fuse_add_direntry_plus(req, nullptr, 0, entry.d_name, nullptr, next);
+  if (need > room) return need;
+  fuse_entry_param found{};
+  if (!dot_or_dotdot(entry.d_name) && look_up(engine_of(req), parent, entry.d_name, &found) == 0) {
+    counted.push_back(found.ino);
+  } else {
+    found = fuse_entry_param{};
+    found.attr.st_ino = entry.d_ino;
+    found.attr.st_mode = static_cast<mode_t>(DTTOIF(entry.d_type));
+  }
+  return fuse_add_direntry_plus(req, buf, room, entry.d_name, &found, next);
+}
+
+// READDIR and READDIRPLUS: entries from where the stream stands, as many as fit in *size*.
+void serve_dir(fuse_req_t req, fuse_ino_t node, size_t size, off_t off, fuse_file_info* fi, bool plus) {
   OpenDir& dir = borrow<OpenDir>(fi);
   if (off != dir.offset) {
     ::seekdir(dir.dir.get(), off);
     dir.pending = nullptr;
     dir.offset = off;
   }
+  if (plus) become_caller(req);
+  std::vector<fuse_ino_t> counted;  // lookups handed out with the entries
   std::vector<char> buf(size);
   size_t used = 0;
   for (;;) {
@@ -544,11 +641,16 @@ void op_readdir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_in
         break;
       }
     }
-    struct stat st {};
-    st.st_ino = entry->d_ino;
-    st.st_mode = static_cast<mode_t>(DTTOIF(entry->d_type));
     off_t next = ::telldir(dir.dir.get());
-    size_t need = fuse_add_direntry(req, buf.data() + used, size - used, entry->d_name, &st, next);
+    size_t need;
+    if (plus) {
+      need = add_entry_plus(req, node, buf.data() + used, size - used, *entry, next, counted);
+    } else {
+      struct stat st {};
+      st.st_ino = entry->d_ino;
+      st.st_mode = static_cast<mode_t>(DTTOIF(entry->d_type));
+      need = fuse_add_direntry(req, buf.data() + used, size - used, entry->d_name, &st, next);
+    }
     if (need > size - used) {
       dir.pending = entry;  // the next call starts with it
       break;
@@ -557,7 +659,20 @@ void op_readdir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_in
     dir.pending = nullptr;
     dir.offset = next;
   }
-  fuse_reply_buf(req, buf.data(), used);
+  if (fuse_reply_buf(req, buf.data(), used) != 0) {
+    // Nobody took the entries (the caller was interrupted): nor their lookups.
+    for (fuse_ino_t found : counted) forget_one(engine_of(req), found, 1);
+  }
+}
+
+void op_readdir(fuse_req_t req, fuse_ino_t node, size_t size, off_t off, fuse_file_info* fi) {
+  serve_dir(req, node, size, off, fi, false);
+}
+
+// The kernel asks for it (READDIRPLUS_AUTO) when a listing is followed by a stat of each
+// entry, as in ls -l and rsync: one request where a LOOKUP per entry would follow.
+void op_readdirplus(fuse_req_t req, fuse_ino_t node, size_t size, off_t off, fuse_file_info* fi) {
+  serve_dir(req, node, size, off, fi, true);
 }
 
 void op_releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
@@ -571,43 +686,57 @@ void op_fsyncdir(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
   fuse_reply_err(req, rc == 0 ? 0 : failed());
 }
 
+// Every request is counted by kind before its handler runs, and its thread is the daemon's
+// again after it: the one place all of them pass.
+template <ft_engine_op Op, auto Handler>
+struct Counted;
+template <ft_engine_op Op, typename... Args, void (*Handler)(fuse_req_t, Args...)>
+struct Counted<Op, Handler> {
+  static void serve(fuse_req_t req, Args... args) {
+    engine_of(req).count(Op);
+    Handler(req, args...);
+    stop_being_caller();
+  }
+};
+
 fuse_lowlevel_ops make_operations(bool xattrs) {
   fuse_lowlevel_ops ops{};
   ops.init = op_init;
-  ops.lookup = op_lookup;
-  ops.forget = op_forget;
-  ops.forget_multi = op_forget_multi;
-  ops.getattr = op_getattr;
-  ops.setattr = op_setattr;
-  ops.readlink = op_readlink;
-  ops.mknod = op_mknod;
-  ops.mkdir = op_mkdir;
-  ops.unlink = op_unlink;
-  ops.rmdir = op_rmdir;
-  ops.symlink = op_symlink;
-  ops.rename = op_rename;
-  ops.link = op_link;
-  ops.open = op_open;
-  ops.read = op_read;
-  ops.write_buf = op_write_buf;
-  ops.flush = op_flush;
-  ops.release = op_release;
-  ops.fsync = op_fsync;
-  ops.opendir = op_opendir;
-  ops.readdir = op_readdir;
-  ops.releasedir = op_releasedir;
-  ops.fsyncdir = op_fsyncdir;
-  ops.statfs = op_statfs;
+  ops.lookup = Counted<FT_OP_LOOKUP, op_lookup>::serve;
+  ops.forget = Counted<FT_OP_FORGET, op_forget>::serve;
+  ops.forget_multi = Counted<FT_OP_FORGET, op_forget_multi>::serve;
+  ops.getattr = Counted<FT_OP_GETATTR, op_getattr>::serve;
+  ops.setattr = Counted<FT_OP_SETATTR, op_setattr>::serve;
+  ops.readlink = Counted<FT_OP_READLINK, op_readlink>::serve;
+  ops.mknod = Counted<FT_OP_MKNOD, op_mknod>::serve;
+  ops.mkdir = Counted<FT_OP_MKDIR, op_mkdir>::serve;
+  ops.unlink = Counted<FT_OP_UNLINK, op_unlink>::serve;
+  ops.rmdir = Counted<FT_OP_RMDIR, op_rmdir>::serve;
+  ops.symlink = Counted<FT_OP_SYMLINK, op_symlink>::serve;
+  ops.rename = Counted<FT_OP_RENAME, op_rename>::serve;
+  ops.link = Counted<FT_OP_LINK, op_link>::serve;
+  ops.open = Counted<FT_OP_OPEN, op_open>::serve;
+  ops.read = Counted<FT_OP_READ, op_read>::serve;
+  ops.write_buf = Counted<FT_OP_WRITE, op_write_buf>::serve;
+  ops.flush = Counted<FT_OP_FLUSH, op_flush>::serve;
+  ops.release = Counted<FT_OP_RELEASE, op_release>::serve;
+  ops.fsync = Counted<FT_OP_FSYNC, op_fsync>::serve;
+  ops.opendir = Counted<FT_OP_OPENDIR, op_opendir>::serve;
+  ops.readdir = Counted<FT_OP_READDIR, op_readdir>::serve;
+  ops.readdirplus = Counted<FT_OP_READDIRPLUS, op_readdirplus>::serve;
+  ops.releasedir = Counted<FT_OP_RELEASEDIR, op_releasedir>::serve;
+  ops.fsyncdir = Counted<FT_OP_FSYNCDIR, op_fsyncdir>::serve;
+  ops.statfs = Counted<FT_OP_STATFS, op_statfs>::serve;
   if (xattrs) {
     // Without them the kernel is answered ENOSYS once and asks no more (no getxattr of
     // security.capability before every write()), as a target without xattrs would want.
-    ops.setxattr = op_setxattr;
-    ops.getxattr = op_getxattr;
-    ops.listxattr = op_listxattr;
-    ops.removexattr = op_removexattr;
+    ops.setxattr = Counted<FT_OP_SETXATTR, op_setxattr>::serve;
+    ops.getxattr = Counted<FT_OP_GETXATTR, op_getxattr>::serve;
+    ops.listxattr = Counted<FT_OP_LISTXATTR, op_listxattr>::serve;
+    ops.removexattr = Counted<FT_OP_REMOVEXATTR, op_removexattr>::serve;
   }
-  ops.create = op_create;
-  ops.fallocate = op_fallocate;
+  ops.create = Counted<FT_OP_CREATE, op_create>::serve;
+  ops.fallocate = Counted<FT_OP_FALLOCATE, op_fallocate>::serve;
   // No lseek: with the writeback cache, data not yet written back would read as a hole
   // (ENXIO). The kernel answers SEEK_DATA/SEEK_HOLE itself, as for the Python data plane. No
   // copy_file_range either: the kernel copies through read and write, each one metered.

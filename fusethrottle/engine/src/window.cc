@@ -179,6 +179,24 @@ void Window::forgotten(const std::shared_ptr<Inode>& inode) {
   wake_flusher_by(now_seconds());
 }
 
+bool Window::let_go(Inode& inode) {
+  std::vector<std::shared_ptr<Inode>> gone;
+  std::vector<Fd> fds;  // closed after the lock, before the removal
+  std::lock_guard<std::mutex> guard(lock_);
+  FileLedger& f = inode.ledger;
+  if (f.opens > 0 || f.queued || f.syncing > 0) return false;
+  in_files_ -= f.dirty;
+  f.dirty = 0;
+  f.lo = -1;
+  f.hi = 0;
+  f.error = 0;
+  f.errors = 0;
+  f.released = false;
+  collect(inode, gone, fds);
+  gate_.notify_all();
+  return true;
+}
+
 void Window::collect(Inode& inode, std::vector<std::shared_ptr<Inode>>& out, std::vector<Fd>& fds) {
   FileLedger& f = inode.ledger;
   if (f.owes()) return;

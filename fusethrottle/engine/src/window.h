@@ -115,6 +115,10 @@ class Window {
   void released(const std::shared_ptr<Inode>& inode, Fd fd);
   // The kernel forgot the file: kept (and synced) while it owes anything.
   void forgotten(const std::shared_ptr<Inode>& inode);
+  // Its last name is about to be removed: its data needs no sync, and its released handle's
+  // descriptor is closed (see removal.h). False (nothing changed) while it is open or a sync
+  // of it is under way.
+  bool let_go(Inode& inode);
 
   // --- the application's own fsync ---
   uint64_t begin_app_sync(Inode& inode);

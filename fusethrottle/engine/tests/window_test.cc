@@ -1,6 +1,7 @@
 // The window's rules without a mount: what is due for an fsync and why, what a failed sync
 // leaves, and that the gate holds a write until a sync makes room. `make test` runs it.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -166,6 +167,37 @@ void test_a_forgotten_file_is_synced_even_without_injection() {
 
 }  // namespace
 
+// Before its last name is removed, a closed file's un-synced bytes are dropped and its held
+// descriptor closed (nothing would keep the file on the target); an open file, or one being
+// synced, is left alone.
+void test_a_file_about_to_be_removed_is_let_go_of_unless_open_or_syncing() {
+  ft::Window w(params());
+  auto closed = file(1), open = file(2), syncing = file(3);
+  int pipe_fds[2];
+  CHECK(::pipe(pipe_fds) == 0);
+  ft::Fd reader(pipe_fds[0]);
+  w.opened(closed);
+  w.admit(MiB);
+  w.landed(closed, MiB, MiB, 0);
+  w.released(closed, ft::Fd(pipe_fds[1]));  // held for its release sync
+  w.opened(open);
+  w.admit(MiB);
+  w.landed(open, MiB, MiB, 0);
+  w.admit(16 * MiB);
+  w.landed(syncing, 16 * MiB, 16 * MiB, 0);
+  auto jobs = w.take_due(ft::now_seconds());
+  CHECK(jobs.size() == 1 && jobs[0].inode == syncing);
+  CHECK(w.stats().unsynced == 18 * MiB);
+  CHECK(w.let_go(*closed));
+  CHECK(w.stats().unsynced == 17 * MiB);
+  char byte;
+  CHECK(::read(reader.get(), &byte, 1) == 0);  // the held write end is closed: end of file
+  CHECK(!w.let_go(*open));
+  CHECK(!w.let_go(*syncing));
+  CHECK(w.stats().unsynced == 17 * MiB);
+  w.end_sync(jobs[0], 0);
+}
+
 int main() {
   test_pure_rules();
   test_a_file_is_due_at_its_batch_on_release_and_by_age();
@@ -174,6 +206,7 @@ int main() {
   test_the_applications_own_fsync_takes_the_bytes_and_truncation_discards_them();
   test_the_gate_holds_a_write_until_a_sync_makes_room();
   test_a_forgotten_file_is_synced_even_without_injection();
+  test_a_file_about_to_be_removed_is_let_go_of_unless_open_or_syncing();
   if (failures != 0) {
     std::fprintf(stderr, "window_test: %d check(s) failed\n", failures);
     return 1;

@@ -1,0 +1,28 @@
+#include "removal.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "engine.h"
+
+namespace ft {
+
+LetGo::LetGo(Engine& engine, int dir, const char* name) : engine_(engine), dir_(dir), name_(name) {
+  struct stat st {};
+  if (::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  if (S_ISDIR(st.st_mode) || st.st_nlink > 1) return;  // not the file's last name
+  std::shared_ptr<Inode> inode = engine.inodes().find(InodeKey{st.st_dev, st.st_ino});
+  if (!inode || !engine.window().let_go(*inode)) return;
+  if (engine.inodes().detach(*inode)) inode_ = std::move(inode);
+}
+
+void LetGo::removed(int error) {
+  if (!inode_ || error == 0) return;
+  Fd fresh(::openat(dir_, name_, O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (!fresh || ::fstat(fresh.get(), &st) != 0) return;  // gone after all: nothing to hold
+  if (!(InodeKey{st.st_dev, st.st_ino} == inode_->key())) return;  // another file by now
+  engine_.inodes().reattach(*inode_, std::move(fresh));
+}
+
+}  // namespace ft

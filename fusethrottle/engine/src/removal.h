@@ -1,0 +1,37 @@
+// Letting go of a file before its last name is removed (unlink, rename over it).
+//
+// On NFS a file unlinked or renamed over while anything of the client still references it is
+// not removed but renamed to .nfsXXXX ("silly rename") until the last reference goes; on any
+// target its space stays allocated until then. The engine references every file the kernel
+// knows through an O_PATH descriptor, and a closed file with data to sync through its released
+// handle's descriptor. So when the name is the file's last link and nothing has the file open,
+// both are let go of just before the removal: the window drops the file's un-synced data (it
+// is about to go) and closes the held descriptor, the table points the O_PATH descriptor's
+// number at a placeholder. A file still open is removed as NFS would remove it directly.
+#pragma once
+
+#include <memory>
+
+#include "inode.h"
+
+namespace ft {
+
+class Engine;
+
+class LetGo {
+ public:
+  // Before removing *name* from the directory *dir*.
+  LetGo(Engine& engine, int dir, const char* name);
+  LetGo(const LetGo&) = delete;
+  LetGo& operator=(const LetGo&) = delete;
+  // After it, *error* its result: a failed removal holds the file again by its name.
+  void removed(int error);
+
+ private:
+  Engine& engine_;
+  int dir_;
+  const char* name_;
+  std::shared_ptr<Inode> inode_;  // let go of (else null)
+};
+
+}  // namespace ft
