@@ -245,6 +245,8 @@ def load() -> ctypes.CDLL:
     lib.ft_engine_read_events.argtypes = (ctypes.c_void_p, ctypes.POINTER(_Event), ctypes.c_size_t)
     lib.ft_engine_set_window.restype = None
     lib.ft_engine_set_window.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_double)
+    lib.ft_engine_unsynced.restype = ctypes.c_size_t
+    lib.ft_engine_unsynced.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
     lib.ft_engine_free.restype = None
     lib.ft_engine_free.argtypes = (ctypes.c_void_p,)
     return lib
@@ -348,6 +350,19 @@ class NativeEngine:
         tries); how many files are still un-synced."""
         assert self._handle is not None
         return int(self._lib.ft_engine_sync_all(self._handle))
+
+    def unsynced(self) -> list[tuple[str, int]]:
+        """The files that still owe the target data: (path on the target, the errno of their
+        failed sync or 0 if the target did not answer). Touches nothing of the target."""
+        assert self._handle is not None
+        size = 1 << 20
+        buffer = ctypes.create_string_buffer(size)
+        used = int(self._lib.ft_engine_unsynced(self._handle, buffer, size))
+        out = []
+        for line in buffer.raw[:used].decode(errors="replace").splitlines():
+            error, _, path = line.partition(" ")
+            out.append((path, int(error)))
+        return out
 
     def free(self) -> None:
         if self._handle is not None:

@@ -94,10 +94,18 @@ def serve_native(placement: Placement, on_ready: Callable[[], None] | None = Non
     except (EngineUnavailable, OSError) as err:
         log.error("fusethrottle: %s", err)
         return 1
+    daemon = NativeDaemon(engine, placement, on_ready)
     try:
-        return trio.run(NativeDaemon(engine, placement, on_ready).run)
+        code = trio.run(daemon.run)
     finally:
-        engine.free()
+        if not daemon.abandoned:
+            engine.free()
+    if daemon.abandoned:
+        # Threads the target holds are inside the engine: it cannot be freed, and the
+        # interpreter's exit would wait on nothing it can end. Everything is said: go.
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
 class NativeDaemon:
@@ -116,6 +124,15 @@ class NativeDaemon:
         self.exit_code = 0
         self._device: str | None = None
         self._served = trio.Event()
+        #: Where serve() waits: cancelled when its threads stay stuck on the target after the
+        #: connection was aborted (the loop cannot end while one of them waits).
+        self._serving = trio.CancelScope()
+        #: When the stop's bound (unmount_timeout) runs out: the end's fsyncs too.
+        self._end_deadline: float | None = None
+        #: serve() or the end's fsyncs were left to threads the target holds: the engine can
+        #: be neither joined nor freed, the process exits around them.
+        self.abandoned = False
+        self._stopping = False
         self.controller = make_controller(self.config)
         self.kernel_cache = KernelCache(
             enabled=self.config.writeback_cache and self.config.mode != "off",
@@ -139,10 +156,15 @@ class NativeDaemon:
             nursery.start_soon(self._control)
             nursery.start_soon(serve_control, self.config.mountpoint, self._status)
             nursery.start_soon(self._announce_ready)
-            rc = await trio.to_thread.run_sync(self.engine.serve)
+            nursery.start_soon(self._watch_unmount)
+            rc: int | None = None
+            with self._serving:
+                rc = await trio.to_thread.run_sync(self.engine.serve, **_ABANDON_KW)
             self._served.set()
             nursery.cancel_scope.cancel()
-        if rc not in (0, -errno.EINTR):
+        if rc is None:
+            self.abandoned = True  # its threads are stuck on the target (see stop)
+        elif rc not in (0, -errno.EINTR):
             log.error("the engine's request loop failed: %s", os.strerror(-rc))
             self.exit_code = 1
         await self._sync_everything()
@@ -151,7 +173,23 @@ class NativeDaemon:
     async def _sync_everything(self) -> None:
         """After the last request: fsync every file written since its last fsync (an unmount
         wrote the kernel's cache back first)."""
-        failed = await trio.to_thread.run_sync(self.engine.sync_all)
+        failed: int | None = None
+        # unmount_timeout bounds the whole stop, the end's fsyncs too (from the unmount when the
+        # mount was taken away from outside).
+        end = self._end_deadline or trio.current_time() + self.config.unmount_timeout
+        with trio.move_on_at(end):
+            failed = await trio.to_thread.run_sync(self.engine.sync_all, **_ABANDON_KW)
+        if failed is None:
+            # The target holds the end's fsyncs: name what it does not have, and go (the
+            # threads it holds are left to it; the process exits around them).
+            self.abandoned = True
+            unsynced = self._name_unsynced()
+            log.error(
+                "%d file(s) could not be synced before exit: the target did not answer in time",
+                unsynced,
+            )
+            self.exit_code = 1
+            return
         stats = self.engine.stats()
         log.info(
             "%d injected fsync(s), %d failed; %d write(s) waited for room in the window, "
@@ -166,6 +204,7 @@ class NativeDaemon:
             if isinstance(event, LostEvent):
                 self._lost_data(event)
         if failed:
+            self._name_unsynced()
             log.error("%d file(s) written through the mount could not be synced", failed)
             self.exit_code = 1
         else:
@@ -174,6 +213,14 @@ class NativeDaemon:
         # their names all the same.
         for path, error in self._lost.values():
             log.warning("incomplete on the target: %s (%s)", path, os.strerror(error))
+
+    def _name_unsynced(self) -> int:
+        """Log every file whose data is not on the target, one line each: how many."""
+        unsynced = self.engine.unsynced()
+        for path, error in unsynced:
+            reason = os.strerror(error) if error else "the target did not answer"
+            log.error("not on the target: %s (%s)", path, reason)
+        return len(unsynced)
 
     # -- the controller ----------------------------------------------------------------------
 
@@ -299,7 +346,9 @@ class NativeDaemon:
         kernel holds on (a file still open), by aborting the connection. Bounded by
         unmount_timeout."""
         sdnotify.notify("STOPPING=1")
+        self._stopping = True
         deadline = trio.current_time() + self.config.unmount_timeout
+        self._end_deadline = deadline
         fd: int | None = None
         with trio.move_on_at(deadline):
             try:
@@ -324,10 +373,42 @@ class NativeDaemon:
         finally:
             if fd is not None:
                 os.close(fd)
+        await self._end_the_loop(deadline)
+
+    async def _end_the_loop(self, deadline: float) -> None:
+        """Once the loop was told to end: give it a moment, then abort the connection, then
+        leave it to the threads the target holds (they cannot be ended: the engine is not
+        freed, the process exits around them, *deadline* bounds the end's fsyncs)."""
         with trio.move_on_after(LOOP_END_GRACE):
             await self._served.wait()
             return
         self._abort()
+        with trio.move_on_after(LOOP_END_GRACE):
+            await self._served.wait()
+            return
+        # Their callers were answered (interrupted, or the connection aborted); what they
+        # leave not on the target is named with the end's fsyncs.
+        log.info("request threads stuck on the target after the connection was aborted: left to it")
+        self._end_deadline = deadline
+        self._serving.cancel()
+
+    async def _watch_unmount(self) -> None:
+        """An unmount from outside (umount -l, fusermount3 -uz) ends the loop only once no
+        request is left; one the target holds would keep the daemon forever: bound it."""
+        mountpoint, device = self.config.mountpoint, self._device
+        if device is None:
+            return
+        while True:
+            await trio.sleep(1.0)
+            gone = await trio.to_thread.run_sync(
+                lambda: find_mount(mountpoint, device=device) is None, **_ABANDON_KW
+            )
+            if self._stopping:
+                return  # the stop ends the loop itself
+            if gone:
+                break
+        log.info("%s was unmounted", mountpoint)
+        await self._end_the_loop(trio.current_time() + self.config.unmount_timeout)
 
     async def _write_back(self, fd: int) -> None:
         """syncfs on the mount until a pass brings nothing new (a write() already copying
@@ -361,6 +442,8 @@ class NativeDaemon:
         try:
             (control / minor / "abort").write_text("1")
             log.info("the FUSE connection %s was aborted to end the request loop", minor)
+        except FileNotFoundError:
+            log.info("the FUSE connection %s has ended already", minor)
         except OSError as err:
             log.error("cannot abort the FUSE connection %s: %s", minor, err)
         finally:

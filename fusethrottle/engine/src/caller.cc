@@ -1,11 +1,15 @@
 #include "caller.h"
 
+#include "call.h"
+
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -17,7 +21,7 @@ std::atomic<bool> switching{false};
 // Supplementary groups are read from /proc for a pid: a process's groups almost never change,
 // so they are kept a second per thread rather than read on every request.
 constexpr auto kGroupsTtl = std::chrono::seconds(1);
-constexpr int kMaxGroups = 65536;
+constexpr size_t kMaxGroups = 65536;
 
 struct ThreadCaller {
   bool known = false;
@@ -32,32 +36,47 @@ struct ThreadCaller {
 
 thread_local ThreadCaller current;
 
-std::vector<gid_t> read_groups(fuse_req_t req) {
-  std::vector<gid_t> list(64);
-  for (;;) {
-    int n = fuse_req_getgroups(req, static_cast<int>(list.size()), list.data());
-    if (n < 0) return {};
-    if (static_cast<size_t>(n) <= list.size()) {
-      list.resize(static_cast<size_t>(n));
-      return list;
+// The supplementary groups of thread *tid*, from /proc (what fuse_req_getgroups reads, without
+// the request, which an interrupt may have answered and freed).
+std::vector<gid_t> read_groups(pid_t tid) {
+  std::vector<gid_t> list;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/task/%d/status", static_cast<int>(tid),
+                static_cast<int>(tid));
+  std::FILE* status = std::fopen(path, "re");
+  if (status == nullptr) return list;
+  char* line = nullptr;
+  size_t size = 0;
+  while (::getline(&line, &size, status) > 0) {
+    if (std::strncmp(line, "Groups:", 7) != 0) continue;
+    char* at = line + 7;
+    for (;;) {
+      char* end = nullptr;
+      unsigned long gid = std::strtoul(at, &end, 10);
+      if (end == at || list.size() >= kMaxGroups) break;
+      list.push_back(static_cast<gid_t>(gid));
+      at = end;
     }
-    if (n > kMaxGroups) return {};
-    list.resize(static_cast<size_t>(n));
+    break;
   }
+  std::free(line);
+  std::fclose(status);
+  return list;
 }
 
 }  // namespace
 
 void set_switch_credentials(bool on) { switching.store(on); }
 
-void become_caller(fuse_req_t req) {
+void become_caller() {
   if (!switching.load(std::memory_order_relaxed)) return;
-  const fuse_ctx* ctx = fuse_req_ctx(req);
+  const Call& ctx = this_call();
   ThreadCaller& me = current;
   auto now = std::chrono::steady_clock::now();
-  if (ctx->pid != me.groups_pid || now - me.groups_read > kGroupsTtl) {
-    me.groups = ctx->pid > 0 ? read_groups(req) : std::vector<gid_t>{};
-    me.groups_pid = ctx->pid;
+  pid_t pid = ctx.pid.load(std::memory_order_relaxed);
+  if (pid != me.groups_pid || now - me.groups_read > kGroupsTtl) {
+    me.groups = pid > 0 ? read_groups(pid) : std::vector<gid_t>{};
+    me.groups_pid = pid;
     me.groups_read = now;
   }
   // The raw system calls: glibc's wrappers would change every thread of the process.
@@ -66,13 +85,13 @@ void become_caller(fuse_req_t req) {
     me.applied = me.groups;
     me.groups_applied = true;
   }
-  if (!me.known || me.gid != ctx->gid) {
-    syscall(SYS_setfsgid, ctx->gid);
-    me.gid = ctx->gid;
+  if (!me.known || me.gid != ctx.gid) {
+    syscall(SYS_setfsgid, ctx.gid);
+    me.gid = ctx.gid;
   }
-  if (!me.known || me.uid != ctx->uid) {
-    syscall(SYS_setfsuid, ctx->uid);
-    me.uid = ctx->uid;
+  if (!me.known || me.uid != ctx.uid) {
+    syscall(SYS_setfsuid, ctx.uid);
+    me.uid = ctx.uid;
   }
   me.known = true;
 }

@@ -8,9 +8,9 @@
 
 namespace ft {
 
-// Switches this thread's file-system ids and groups to the request's caller, when the daemon
+// Switches this thread's file-system ids and groups to its request's caller (call.h), when the daemon
 // may (it runs as root). Cheap when the same caller asks again on the same thread.
-void become_caller(fuse_req_t req);
+void become_caller();
 
 // After a request: the thread's file-system uid back to the daemon's (groups and gid stay, for
 // the next become_caller to reuse). libfuse starts new request threads from a request thread,

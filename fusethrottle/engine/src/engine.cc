@@ -2,6 +2,7 @@
 
 #include <fuse_lowlevel.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -187,6 +188,21 @@ void ft_engine_set_window(ft_engine* engine, uint64_t window, double commit_rate
 void ft_engine_close_the_cache(ft_engine* engine) { engine->engine->close_the_cache(); }
 
 uint64_t ft_engine_sync_all(ft_engine* engine) { return engine->engine->flusher().finish(); }
+
+size_t ft_engine_unsynced(ft_engine* engine, char* out, size_t size) {
+  size_t used = 0;
+  for (auto& [inode, error] : engine->engine->window().owing()) {
+    std::string path = ft::proc_path(inode->fd());
+    char target[4096];
+    ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
+    std::string line = std::to_string(error) + " " +
+                       (n > 0 ? std::string(target, static_cast<size_t>(n)) : path) + "\n";
+    if (used + line.size() > size) break;
+    std::memcpy(out + used, line.data(), line.size());
+    used += line.size();
+  }
+  return used;
+}
 
 void ft_engine_free(ft_engine* engine) { std::unique_ptr<ft_engine> owned(engine); }
 

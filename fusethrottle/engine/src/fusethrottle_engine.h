@@ -116,6 +116,10 @@ size_t ft_engine_read_events(struct ft_engine *engine, struct ft_engine_event *o
 /* The controller's decision: the window the gate admits, and the target's commit rate
  * (bytes/s, 0 if not known) that paces writes above half of it. */
 void ft_engine_set_window(struct ft_engine *engine, uint64_t window, double commit_rate);
+/* The files that still owe the target data, as lines "ERRNO PATH\n" (ERRNO 0: the target did
+ * not answer; PATH: where the file is on the target), into *out* of *size* (cut at a whole
+ * line): the bytes written. Touches no file of the target: safe while it hangs. */
+size_t ft_engine_unsynced(struct ft_engine *engine, char *out, size_t size);
 /* After serve() has returned: unmount if still mounted and free everything. */
 void ft_engine_free(struct ft_engine *engine);
 

@@ -52,7 +52,7 @@ std::shared_ptr<Inode> InodeTable::find(InodeKey key) {
   return it == known_.end() ? nullptr : it->second;
 }
 
-bool InodeTable::detach(Inode& inode) {
+bool InodeTable::detach(Inode& inode, const struct stat& last) {
   // An unbound socket: nothing on the target, and a reopen through /proc fails (ENXIO).
   Fd placeholder(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (!placeholder) return false;
@@ -60,6 +60,8 @@ bool InodeTable::detach(Inode& inode) {
   auto it = known_.find(inode.key());
   if (it == known_.end() || it->second.get() != &inode) return false;
   if (::dup3(placeholder.get(), inode.fd(), O_CLOEXEC) < 0) return false;
+  inode.removed_ = last;
+  inode.removed_.st_nlink = 0;
   inode.detached_.store(true, std::memory_order_release);
   detached_.emplace(&inode, std::move(it->second));
   known_.erase(it);

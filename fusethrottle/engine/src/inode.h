@@ -43,6 +43,8 @@ class Inode : public std::enable_shared_from_this<Inode> {
   // Let go of before its last name was removed (removal.h): its descriptor's number points at
   // nothing of the target any more, so calls through it fail instead of reaching another file.
   bool detached() const { return detached_.load(std::memory_order_acquire); }
+  // Its attributes when it was let go of, with no link left (valid once detached()).
+  const struct stat& removed() const { return removed_; }
 
   // The mtime the kernel's writeback cache last handed back with a file handle (ns), see
   // op_setattr: the same time sent again later without one is still the kernel's own.
@@ -67,6 +69,7 @@ class Inode : public std::enable_shared_from_this<Inode> {
   std::atomic<uint64_t> writer_{0};
   std::atomic<int64_t> kernel_mtime_{-1};
   std::atomic<bool> detached_{false};
+  struct stat removed_ {};
 };
 
 class InodeTable {
@@ -96,8 +99,9 @@ class InodeTable {
   // Let go of *inode*'s descriptor before its last name is removed: the number is pointed at
   // a placeholder (so it is not reused while a request still holds it) and the inode leaves
   // the lookup by key (a new lookup of the file makes a new one); the kernel's node id stays
-  // valid until it forgets it. False if the table no longer knows it by its key.
-  bool detach(Inode& inode);
+  // valid until it forgets it; *last*: its attributes before the removal. False if the table
+  // no longer knows it by its key.
+  bool detach(Inode& inode, const struct stat& last);
   // The removal failed: *inode* holds its file again through *fresh*.
   void reattach(Inode& inode, Fd fresh);
 

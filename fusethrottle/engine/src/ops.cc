@@ -15,6 +15,7 @@
 #include <functional>
 #include <vector>
 
+#include "call.h"
 #include "caller.h"
 #include "engine.h"
 #include "handles.h"
@@ -23,14 +24,15 @@
 namespace ft {
 namespace {
 
-Engine& engine_of(fuse_req_t req) { return *static_cast<Engine*>(fuse_req_userdata(req)); }
+// Read before the handler ran (call.h): never through *req*, which an interrupt may have freed.
+Engine& engine_of(fuse_req_t) { return *this_call().engine; }
 Inode& inode_of(fuse_req_t req, fuse_ino_t node) { return engine_of(req).inodes().get(node); }
 
 // Once the mount is closing, nothing new is taken (Engine::close_the_cache): true when *req*
 // was answered so.
 bool refused(fuse_req_t req) {
   if (!engine_of(req).closing()) return false;
-  fuse_reply_err(req, ENOTCONN);
+  answer(fuse_reply_err, req, ENOTCONN);
   return true;
 }
 
@@ -38,7 +40,7 @@ bool refused(fuse_req_t req) {
 // removed file, never through the placeholder its descriptor's number points at.
 bool let_go_of(fuse_req_t req, const Inode& inode) {
   if (!inode.detached()) return false;
-  fuse_reply_err(req, ENOENT);
+  answer(fuse_reply_err, req, ENOENT);
   return true;
 }
 
@@ -67,9 +69,9 @@ void reply_entry_of(fuse_req_t req, fuse_ino_t parent, const char* name) {
   fuse_entry_param entry;
   int err = look_up(engine_of(req), parent, name, &entry);
   if (err) {
-    fuse_reply_err(req, err);
+    answer(fuse_reply_err, req, err);
   } else {
-    fuse_reply_entry(req, &entry);
+    answer(fuse_reply_entry, req, &entry);
   }
 }
 
@@ -124,10 +126,9 @@ char* aligned_buffer(size_t size) {
   return static_cast<char*>(aligned.data.get());
 }
 
-void note_writer(fuse_req_t req, Inode& inode, int flags) {
+void note_writer(Inode& inode, int flags) {
   if ((flags & O_ACCMODE) == O_RDONLY) return;
-  const fuse_ctx* ctx = fuse_req_ctx(req);
-  inode.set_writer(ctx->uid, ctx->gid);
+  inode.set_writer(this_call().uid, this_call().gid);
 }
 
 void set_open_reply(fuse_file_info* fi, int flags, bool bypass) {
@@ -159,7 +160,7 @@ void op_init(void* userdata, fuse_conn_info* conn) {
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   reply_entry_of(req, parent, name);
 }
 
@@ -181,81 +182,81 @@ void op_forget_multi(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
 
 void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   if (refused(req)) return;
-  become_caller(req);
-  if (::mkdirat(inode_of(req, parent).fd(), name, mode) != 0) return (void)fuse_reply_err(req, failed());
+  become_caller();
+  if (::mkdirat(inode_of(req, parent).fd(), name, mode) != 0) return (void)answer(fuse_reply_err, req, failed());
   reply_entry_of(req, parent, name);
 }
 
 void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   if (::mknodat(inode_of(req, parent).fd(), name, mode, rdev) != 0)
-    return (void)fuse_reply_err(req, failed());
+    return (void)answer(fuse_reply_err, req, failed());
   reply_entry_of(req, parent, name);
 }
 
 void op_symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   if (::symlinkat(link, inode_of(req, parent).fd(), name) != 0)
-    return (void)fuse_reply_err(req, failed());
+    return (void)answer(fuse_reply_err, req, failed());
   reply_entry_of(req, parent, name);
 }
 
 void op_link(fuse_req_t req, fuse_ino_t node, fuse_ino_t newparent, const char* newname) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   if (let_go_of(req, inode_of(req, node))) return;
   // Through /proc: linkat(AT_EMPTY_PATH) would need CAP_DAC_READ_SEARCH of the caller.
   std::string from = proc_path(inode_of(req, node).fd());
   if (::linkat(AT_FDCWD, from.c_str(), inode_of(req, newparent).fd(), newname, AT_SYMLINK_FOLLOW) != 0)
-    return (void)fuse_reply_err(req, failed());
+    return (void)answer(fuse_reply_err, req, failed());
   reply_entry_of(req, newparent, newname);
 }
 
 void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   int dir = inode_of(req, parent).fd();
   LetGo held(engine_of(req), dir, name);
   int err = ::unlinkat(dir, name, 0) == 0 ? 0 : failed();
   held.removed(err);
-  fuse_reply_err(req, err);
+  answer(fuse_reply_err, req, err);
 }
 
 void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   int rc = ::unlinkat(inode_of(req, parent).fd(), name, AT_REMOVEDIR);
-  fuse_reply_err(req, rc == 0 ? 0 : failed());
+  answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
 }
 
 void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
                const char* newname, unsigned int flags) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   int from = inode_of(req, parent).fd();
   int to = inode_of(req, newparent).fd();
   if (flags & (RENAME_EXCHANGE | RENAME_NOREPLACE)) {  // nothing is replaced
     int rc = ::renameat2(from, name, to, newname, flags);
-    return (void)fuse_reply_err(req, rc == 0 ? 0 : failed());
+    return (void)answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
   }
   LetGo held(engine_of(req), to, newname);  // the file renamed over, if any
   int err = ::renameat2(from, name, to, newname, flags) == 0 ? 0 : failed();
   held.removed(err);
-  fuse_reply_err(req, err);
+  answer(fuse_reply_err, req, err);
 }
 
 // --- attributes -------------------------------------------------------------------------------
 
 void op_getattr(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   struct stat st {};
   int err = fi != nullptr ? (::fstat(borrow<OpenFile>(fi).fd.get(), &st) == 0 ? 0 : failed())
                           : stat_inode(inode_of(req, node), &st);
-  if (err) return (void)fuse_reply_err(req, err);
-  fuse_reply_attr(req, &st, engine_of(req).options().attr_timeout);
+  if (err) return (void)answer(fuse_reply_err, req, err);
+  answer(fuse_reply_attr, req, &st, engine_of(req).options().attr_timeout);
 }
 
 int set_attributes(const Inode& inode, const struct stat& attr, int to_set, const fuse_file_info* fi) {
@@ -307,9 +308,10 @@ int64_t nanoseconds(const struct timespec& t) { return t.tv_sec * 1000000000LL +
 // kernel's own write-back of times carries one; utimes and futimens never do), or the mtime
 // the file has, or the kernel's own one seen earlier with a handle. Any other time reaches
 // the target.
-constexpr int kNotTheKernels = FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID |
-                               FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW |
-                               FUSE_SET_ATTR_MTIME_NOW;
+constexpr int kBeyondTimes =
+    FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID | FUSE_SET_ATTR_SIZE;
+constexpr int kNotTheKernels =
+    kBeyondTimes | FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW;
 
 bool may_be_kernels_times(const Engine& engine, const Inode& inode, int to_set) {
   return engine.writeback_cache() && inode.is_regular() && (to_set & kNotTheKernels) == 0;
@@ -328,39 +330,45 @@ bool kernels_own_times(Inode& inode, const struct stat& attr, int to_set, const 
 
 void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, fuse_file_info* fi) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   Inode& inode = inode_of(req, node);
-  if (fi == nullptr && let_go_of(req, inode)) return;
+  if (fi == nullptr && inode.detached()) {
+    // The writeback cache hands back a removed file's times when it evicts it (once per file
+    // of an rm -rf, and at syncfs): nobody can see them any more.
+    if ((to_set & kBeyondTimes) == 0)
+      return (void)answer(fuse_reply_attr, req, &inode.removed(), engine_of(req).options().attr_timeout);
+    return (void)answer(fuse_reply_err, req, ENOENT);
+  }
   if (may_be_kernels_times(engine_of(req), inode, to_set)) {
     struct stat now {};
     int err = fi != nullptr ? (::fstat(borrow<OpenFile>(fi).fd.get(), &now) == 0 ? 0 : failed())
                             : stat_inode(inode, &now);
     if (err == 0 && kernels_own_times(inode, *attr, to_set, fi, now))
-      return (void)fuse_reply_attr(req, &now, engine_of(req).options().attr_timeout);
+      return (void)answer(fuse_reply_attr, req, &now, engine_of(req).options().attr_timeout);
   }
   int err = set_attributes(inode, *attr, to_set, fi);
-  if (err) return (void)fuse_reply_err(req, err);
+  if (err) return (void)answer(fuse_reply_err, req, err);
   // Truncated to nothing: what was written needs no sync any more.
   if ((to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0) engine_of(req).window().discard(inode);
   op_getattr(req, node, fi);
 }
 
 void op_readlink(fuse_req_t req, fuse_ino_t node) {
-  become_caller(req);
+  become_caller();
   if (let_go_of(req, inode_of(req, node))) return;
   std::vector<char> target(PATH_MAX + 1);
   ssize_t n = ::readlinkat(inode_of(req, node).fd(), "", target.data(), target.size());
-  if (n < 0) return (void)fuse_reply_err(req, failed());
-  if (static_cast<size_t>(n) >= target.size()) return (void)fuse_reply_err(req, ENAMETOOLONG);
+  if (n < 0) return (void)answer(fuse_reply_err, req, failed());
+  if (static_cast<size_t>(n) >= target.size()) return (void)answer(fuse_reply_err, req, ENAMETOOLONG);
   target[static_cast<size_t>(n)] = '\0';
-  fuse_reply_readlink(req, target.data());
+  answer(fuse_reply_readlink, req, target.data());
 }
 
 void op_statfs(fuse_req_t req, fuse_ino_t node) {
-  become_caller(req);
+  become_caller();
   struct statvfs st {};
-  if (::fstatvfs(inode_of(req, node).fd(), &st) != 0) return (void)fuse_reply_err(req, failed());
-  fuse_reply_statfs(req, &st);
+  if (::fstatvfs(inode_of(req, node).fd(), &st) != 0) return (void)answer(fuse_reply_err, req, failed());
+  answer(fuse_reply_statfs, req, &st);
 }
 
 // --- extended attributes: through /proc (an O_PATH descriptor takes none) ---------------------
@@ -368,77 +376,77 @@ void op_statfs(fuse_req_t req, fuse_ino_t node) {
 void op_setxattr(fuse_req_t req, fuse_ino_t node, const char* name, const char* value, size_t size,
                  int flags) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   Inode& inode = inode_of(req, node);
   if (let_go_of(req, inode)) return;
-  if (inode.is_symlink()) return (void)fuse_reply_err(req, EOPNOTSUPP);
+  if (inode.is_symlink()) return (void)answer(fuse_reply_err, req, EOPNOTSUPP);
   int rc = ::setxattr(proc_path(inode.fd()).c_str(), name, value, size, flags);
-  fuse_reply_err(req, rc == 0 ? 0 : failed());
+  answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
 }
 
 void op_getxattr(fuse_req_t req, fuse_ino_t node, const char* name, size_t size) {
-  become_caller(req);
+  become_caller();
   Inode& inode = inode_of(req, node);
   if (let_go_of(req, inode)) return;
-  if (inode.is_symlink()) return (void)fuse_reply_err(req, ENODATA);
+  if (inode.is_symlink()) return (void)answer(fuse_reply_err, req, ENODATA);
   std::string path = proc_path(inode.fd());
   if (size == 0) {
     ssize_t n = ::getxattr(path.c_str(), name, nullptr, 0);
-    if (n < 0) return (void)fuse_reply_err(req, failed());
-    return (void)fuse_reply_xattr(req, static_cast<size_t>(n));
+    if (n < 0) return (void)answer(fuse_reply_err, req, failed());
+    return (void)answer(fuse_reply_xattr, req, static_cast<size_t>(n));
   }
   std::vector<char> value(size);
   ssize_t n = ::getxattr(path.c_str(), name, value.data(), size);
-  if (n < 0) return (void)fuse_reply_err(req, failed());
-  fuse_reply_buf(req, value.data(), static_cast<size_t>(n));
+  if (n < 0) return (void)answer(fuse_reply_err, req, failed());
+  answer(fuse_reply_buf, req, value.data(), static_cast<size_t>(n));
 }
 
 void op_listxattr(fuse_req_t req, fuse_ino_t node, size_t size) {
-  become_caller(req);
+  become_caller();
   Inode& inode = inode_of(req, node);
   if (let_go_of(req, inode)) return;
   if (inode.is_symlink()) {
-    if (size == 0) return (void)fuse_reply_xattr(req, 0);
-    return (void)fuse_reply_buf(req, nullptr, 0);
+    if (size == 0) return (void)answer(fuse_reply_xattr, req, 0);
+    return (void)answer(fuse_reply_buf, req, nullptr, 0);
   }
   std::string path = proc_path(inode.fd());
   if (size == 0) {
     ssize_t n = ::listxattr(path.c_str(), nullptr, 0);
-    if (n < 0) return (void)fuse_reply_err(req, failed());
-    return (void)fuse_reply_xattr(req, static_cast<size_t>(n));
+    if (n < 0) return (void)answer(fuse_reply_err, req, failed());
+    return (void)answer(fuse_reply_xattr, req, static_cast<size_t>(n));
   }
   std::vector<char> names(size);
   ssize_t n = ::listxattr(path.c_str(), names.data(), size);
-  if (n < 0) return (void)fuse_reply_err(req, failed());
-  fuse_reply_buf(req, names.data(), static_cast<size_t>(n));
+  if (n < 0) return (void)answer(fuse_reply_err, req, failed());
+  answer(fuse_reply_buf, req, names.data(), static_cast<size_t>(n));
 }
 
 void op_removexattr(fuse_req_t req, fuse_ino_t node, const char* name) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   Inode& inode = inode_of(req, node);
   if (let_go_of(req, inode)) return;
-  if (inode.is_symlink()) return (void)fuse_reply_err(req, EOPNOTSUPP);
+  if (inode.is_symlink()) return (void)answer(fuse_reply_err, req, EOPNOTSUPP);
   int rc = ::removexattr(proc_path(inode.fd()).c_str(), name);
-  fuse_reply_err(req, rc == 0 ? 0 : failed());
+  answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
 }
 
 // --- files ----------------------------------------------------------------------------------
 
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   Engine& engine = engine_of(req);
   int dir = inode_of(req, parent).fd();
   bool bypass = false;
   Fd fd = open_as_asked(
       engine, fi->flags | O_CREAT, [&](int flags) { return ::openat(dir, name, flags, mode); },
       &bypass);
-  if (!fd) return (void)fuse_reply_err(req, failed());
+  if (!fd) return (void)answer(fuse_reply_err, req, failed());
   fuse_entry_param entry;
   int err = look_up(engine, parent, name, &entry);
-  if (err) return (void)fuse_reply_err(req, err);
-  note_writer(req, engine.inodes().get(entry.ino), fi->flags);
+  if (err) return (void)answer(fuse_reply_err, req, err);
+  note_writer(engine.inodes().get(entry.ino), fi->flags);
   auto inode = engine.inodes().share(entry.ino);
   engine.window().opened(inode);
   auto file = std::make_unique<OpenFile>();
@@ -446,7 +454,7 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
   fi->fh = hand_over(std::move(file));
-  if (fuse_reply_create(req, &entry, fi) != 0) {
+  if (answer(fuse_reply_create, req, &entry, fi) != 0) {
     // The caller is gone: nobody will release or forget it.
     engine.window().released(inode, std::move(take_back<OpenFile>(fi)->fd));
     forget_one(engine, entry.ino, 1);
@@ -455,7 +463,7 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
 
 void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   Engine& engine = engine_of(req);
   if (let_go_of(req, inode_of(req, node))) return;
   std::string path = proc_path(inode_of(req, node).fd());
@@ -463,8 +471,8 @@ void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   Fd fd = open_as_asked(
       engine, fi->flags & ~O_CREAT, [&](int flags) { return ::open(path.c_str(), flags); },
       &bypass);
-  if (!fd) return (void)fuse_reply_err(req, failed());
-  note_writer(req, inode_of(req, node), fi->flags);
+  if (!fd) return (void)answer(fuse_reply_err, req, failed());
+  note_writer(inode_of(req, node), fi->flags);
   auto inode = engine.inodes().share(node);
   engine.window().opened(inode);
   auto file = std::make_unique<OpenFile>();
@@ -472,15 +480,15 @@ void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
   fi->fh = hand_over(std::move(file));
-  if (fuse_reply_open(req, fi) != 0) engine.window().released(inode, std::move(take_back<OpenFile>(fi)->fd));
+  if (answer(fuse_reply_open, req, fi) != 0) engine.window().released(inode, std::move(take_back<OpenFile>(fi)->fd));
 }
 
 void read_direct(fuse_req_t req, int fd, size_t size, off_t off) {
   char* buf = aligned_buffer(size);
-  if (buf == nullptr) return (void)fuse_reply_err(req, ENOMEM);
+  if (buf == nullptr) return (void)answer(fuse_reply_err, req, ENOMEM);
   ssize_t n = ::pread(fd, buf, size, off);
-  if (n < 0) return (void)fuse_reply_err(req, failed());
-  fuse_reply_buf(req, buf, static_cast<size_t>(n));
+  if (n < 0) return (void)answer(fuse_reply_err, req, failed());
+  answer(fuse_reply_buf, req, buf, static_cast<size_t>(n));
 }
 
 void op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
@@ -489,7 +497,7 @@ void op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*
   data.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
   data.buf[0].fd = borrow<OpenFile>(fi).fd.get();
   data.buf[0].pos = off;
-  fuse_reply_data(req, &data, FUSE_BUF_SPLICE_MOVE);
+  answer(fuse_reply_data, req, &data, FUSE_BUF_SPLICE_MOVE);
 }
 
 // Write *in* at *off*: 0 and *n* bytes written, or the errno.
@@ -522,12 +530,12 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
   // and close.
   if (!engine.writeback_cache()) {
     if (refused(req)) return;
-    if (int pending = engine.window().take_error(inode_of(req, node))) return (void)fuse_reply_err(req, pending);
+    if (int pending = engine.window().take_error(inode_of(req, node))) return (void)answer(fuse_reply_err, req, pending);
   }
   // A caller's own write reaches the target as that caller, so the target removes set-ID
   // bits and the file capability as it would for them (see session_io.h); the kernel's
   // write-back of its cache has no caller.
-  if (!fi->writepage) become_caller(req);
+  if (!fi->writepage) become_caller();
   // The back-pressure: the reply waits until the bytes fit in the window.
   size_t size = fuse_buf_size(in);
   engine.window().admit(size);
@@ -537,26 +545,26 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
   engine.window().landed(engine.inodes().share(node), size, err ? 0 : n, off);
   if (err) {
     engine.events().lost(node, inode_of(req, node).fd(), err);
-    return (void)fuse_reply_err(req, err);
+    return (void)answer(fuse_reply_err, req, err);
   }
-  fuse_reply_write(req, static_cast<size_t>(n));
+  answer(fuse_reply_write, req, static_cast<size_t>(n));
 }
 
 void op_flush(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   // Closing a duplicate makes NFS write back and report errors, as close(2) would, and keeps
   // the descriptor the kernel releases later. A failed injected sync is reported here too.
   int dup = ::dup(borrow<OpenFile>(fi).fd.get());
-  if (dup < 0) return (void)fuse_reply_err(req, failed());
+  if (dup < 0) return (void)answer(fuse_reply_err, req, failed());
   int err = ::close(dup) == 0 ? 0 : failed();
   int pending = engine_of(req).window().take_error(inode_of(req, node));
-  fuse_reply_err(req, err != 0 ? err : pending);
+  answer(fuse_reply_err, req, err != 0 ? err : pending);
 }
 
 void op_release(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   // The last close of a dirty file makes it due for a sync, through this descriptor.
   Engine& engine = engine_of(req);
   engine.window().released(engine.inodes().share(node), std::move(take_back<OpenFile>(fi)->fd));
-  fuse_reply_err(req, 0);
+  answer(fuse_reply_err, req, 0);
 }
 
 void op_fsync(fuse_req_t req, fuse_ino_t node, int datasync, fuse_file_info* fi) {
@@ -569,32 +577,32 @@ void op_fsync(fuse_req_t req, fuse_ino_t node, int datasync, fuse_file_info* fi)
   window.end_app_sync(inode, bytes, err);  // either way the application knows now
   if (err != 0) engine_of(req).events().lost(node, inode.fd(), err);
   int pending = window.take_error(inode);
-  fuse_reply_err(req, err != 0 ? err : pending);
+  answer(fuse_reply_err, req, err != 0 ? err : pending);
 }
 
 void op_fallocate(fuse_req_t req, fuse_ino_t node, int mode, off_t off, off_t length,
                   fuse_file_info* fi) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   int rc = ::fallocate(borrow<OpenFile>(fi).fd.get(), mode, off, length);
   // It owes the file a sync but holds no page: counted as one byte.
   if (rc == 0) engine_of(req).window().landed(engine_of(req).inodes().share(node), 0, 1, off);
-  fuse_reply_err(req, rc == 0 ? 0 : failed());
+  answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
 }
 
 // --- directories ------------------------------------------------------------------------------
 
 void op_opendir(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   if (refused(req)) return;
-  become_caller(req);
+  become_caller();
   Fd fd(::openat(inode_of(req, node).fd(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd) return (void)fuse_reply_err(req, failed());
+  if (!fd) return (void)answer(fuse_reply_err, req, failed());
   auto dir = std::make_unique<OpenDir>();
   dir->dir.reset(::fdopendir(fd.get()));
-  if (!dir->dir) return (void)fuse_reply_err(req, failed());
+  if (!dir->dir) return (void)answer(fuse_reply_err, req, failed());
   fd.release();  // the DIR owns it now
   fi->fh = hand_over(std::move(dir));
-  if (fuse_reply_open(req, fi) != 0) take_back<OpenDir>(fi);
+  if (answer(fuse_reply_open, req, fi) != 0) take_back<OpenDir>(fi);
 }
 
 bool dot_or_dotdot(const char* name) {
@@ -627,7 +635,7 @@ void serve_dir(fuse_req_t req, fuse_ino_t node, size_t size, off_t off, fuse_fil
     dir.pending = nullptr;
     dir.offset = off;
   }
-  if (plus) become_caller(req);
+  if (plus) become_caller();
   std::vector<fuse_ino_t> counted;  // lookups handed out with the entries
   std::vector<char> buf(size);
   size_t used = 0;
@@ -637,7 +645,7 @@ void serve_dir(fuse_req_t req, fuse_ino_t node, size_t size, off_t off, fuse_fil
       errno = 0;
       entry = ::readdir(dir.dir.get());
       if (entry == nullptr) {
-        if (errno != 0 && used == 0) return (void)fuse_reply_err(req, errno);
+        if (errno != 0 && used == 0) return (void)answer(fuse_reply_err, req, errno);
         break;
       }
     }
@@ -659,7 +667,7 @@ void serve_dir(fuse_req_t req, fuse_ino_t node, size_t size, off_t off, fuse_fil
     dir.pending = nullptr;
     dir.offset = next;
   }
-  if (fuse_reply_buf(req, buf.data(), used) != 0) {
+  if (answer(fuse_reply_buf, req, buf.data(), used) != 0) {
     // Nobody took the entries (the caller was interrupted): nor their lookups.
     for (fuse_ino_t found : counted) forget_one(engine_of(req), found, 1);
   }
@@ -677,14 +685,21 @@ void op_readdirplus(fuse_req_t req, fuse_ino_t node, size_t size, off_t off, fus
 
 void op_releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   take_back<OpenDir>(fi);
-  fuse_reply_err(req, 0);
+  answer(fuse_reply_err, req, 0);
 }
 
 void op_fsyncdir(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
   int fd = ::dirfd(borrow<OpenDir>(fi).dir.get());
   int rc = datasync ? ::fdatasync(fd) : ::fsync(fd);
-  fuse_reply_err(req, rc == 0 ? 0 : failed());
+  answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
 }
+
+// Whether a request's argument is an open file's handle (getattr and setattr may carry one).
+template <typename T>
+bool with_handle(const T&) {
+  return false;
+}
+inline bool with_handle(const fuse_file_info* fi) { return fi != nullptr; }
 
 // Every request is counted by kind before its handler runs, and its thread is the daemon's
 // again after it: the one place all of them pass.
@@ -692,8 +707,31 @@ template <ft_engine_op Op, auto Handler>
 struct Counted;
 template <ft_engine_op Op, typename... Args, void (*Handler)(fuse_req_t, Args...)>
 struct Counted<Op, Handler> {
+  // No caller waits for forget and release; the others act on an open handle, which the
+  // kernel may release once the request is answered while its handler still uses it (see
+  // call.h). getattr and setattr only when they came without one.
+  static constexpr bool kInterruptible =
+      Op != FT_OP_FORGET && Op != FT_OP_RELEASE && Op != FT_OP_RELEASEDIR && Op != FT_OP_READ &&
+      Op != FT_OP_WRITE && Op != FT_OP_FLUSH && Op != FT_OP_FSYNC && Op != FT_OP_READDIR &&
+      Op != FT_OP_READDIRPLUS && Op != FT_OP_FSYNCDIR && Op != FT_OP_FALLOCATE;
+
   static void serve(fuse_req_t req, Args... args) {
-    engine_of(req).count(Op);
+    Call& call = this_call();
+    call.engine = static_cast<Engine*>(fuse_req_userdata(req));
+    const fuse_ctx* ctx = fuse_req_ctx(req);
+    call.uid = ctx->uid;
+    call.gid = ctx->gid;
+    call.pid.store(ctx->pid);
+    call.unanswered.store(req);
+    call.engine->count(Op);
+    if constexpr (kInterruptible) {
+      constexpr bool kMayCarryHandle = Op == FT_OP_GETATTR || Op == FT_OP_SETATTR;
+      if (!kMayCarryHandle || !(with_handle(args) || ...)) {
+        // Called at once if the interrupt came first: then nothing is done for it.
+        fuse_req_interrupt_func(req, on_interrupt, &call);
+        if (call.unanswered.load() != req) return;
+      }
+    }
     Handler(req, args...);
     stop_being_caller();
   }

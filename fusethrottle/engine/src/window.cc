@@ -392,6 +392,16 @@ std::vector<SyncJob> Window::take_all_dirty() {
   return jobs;
 }
 
+std::vector<std::pair<std::shared_ptr<Inode>, int>> Window::owing() {
+  std::lock_guard<std::mutex> guard(lock_);
+  std::vector<std::pair<std::shared_ptr<Inode>, int>> out;
+  for (auto& [key, inode] : files_) {
+    const FileLedger& f = inode->ledger;
+    if (f.dirty > 0 || f.syncing > 0 || f.error != 0) out.emplace_back(inode, f.error);
+  }
+  return out;
+}
+
 // --- the control plane ------------------------------------------------------------------------
 
 void Window::set_window(uint64_t window, double commit_rate) {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "fd.h"
@@ -134,6 +135,9 @@ class Window {
   void end_sync(SyncJob& job, int error);
   // For the end: every file with dirty bytes, each handed to a sync now (backoff ignored).
   std::vector<SyncJob> take_all_dirty();
+  // The files that still owe the target data (un-synced, being synced, or a failed sync's
+  // error nobody was told of), each with that error (0: none yet).
+  std::vector<std::pair<std::shared_ptr<Inode>, int>> owing();
   // The flusher's stop flag is read under this lock.
   std::mutex& lock() { return lock_; }
 

@@ -1,0 +1,55 @@
+// The request a request thread serves, and who answers it: the handler, or, for a caller
+// interrupted while the handler waits on the target, the interrupt (FUSE_INTERRUPT).
+//
+// The kernel holds a caller whose request the daemon has read until the daemon answers it,
+// through SIGKILL; on NFS directly such a caller dies (NFS waits killable). So an interrupted
+// request is answered EINTR at once by the thread that reads the INTERRUPT, while the handler
+// still waits on the target; the handler's own answer, when its call returns, is dropped. The
+// handler must then not touch the request at all (libfuse frees it with the answer): every
+// answer goes through answer(), and what a handler needs of its request (the engine, the
+// caller) is read here before it starts. Write-back, forget and release have no caller waiting
+// and are never interrupted; nor, for now, a request on an open file or directory (read,
+// write, readdir, fsync, flush ...): once it is answered the kernel may release the handle its
+// handler still uses.
+#pragma once
+
+#include <fuse_lowlevel.h>
+
+#include <atomic>
+#include <utility>
+
+namespace ft {
+
+class Engine;
+
+struct Call {
+  Engine* engine = nullptr;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::atomic<pid_t> pid{0};  // the caller's thread (read by the interrupt too)
+  // The request until someone claimed its answer (then null). Only the interrupt, on another
+  // thread, touches it besides its own thread: the request cannot be freed, nor its address
+  // reused, while its interrupt callback runs (libfuse holds it).
+  std::atomic<fuse_req_t> unanswered{nullptr};
+  // True for the one caller who may answer *req*.
+  bool claim(fuse_req_t req) { return unanswered.compare_exchange_strong(req, nullptr); }
+};
+
+// This thread's call (one request at a time per thread; kept for the thread's life, so a late
+// interrupt of an earlier request finds it, sees another request and does nothing).
+Call& this_call();
+
+// Answer this thread's request with *reply* (a fuse_reply_* function), unless the interrupt
+// answered it already: then -EINTR, and *req* is not touched.
+template <typename Reply, typename... Args>
+int answer(Reply reply, fuse_req_t req, Args&&... args) {
+  if (!this_call().claim(req)) return -EINTR;
+  return reply(req, std::forward<Args>(args)...);
+}
+
+// libfuse's interrupt callback: answers EINTR if the caller is dying (SIGKILL pending: the
+// kernel turns every fatal signal into one) and the handler has not answered yet. A caller
+// that is not dying waits, as on NFS, whose waits only fatal signals end.
+void on_interrupt(fuse_req_t req, void* call);
+
+}  // namespace ft
