@@ -30,7 +30,7 @@ from typing import Protocol
 import trio
 
 from ..service.options import Config
-from ..trio_compat import ABANDON_KW
+from ..trio_compat import run_sync_abandoning
 from .fleet_redis import RedisFleetStore, StoreError, read_password
 from .fleet_share import ACTIVE_HOLD_FACTOR, LEASE_MAX_SECONDS, Fallback, Grant, LeasePool
 
@@ -214,7 +214,7 @@ class FleetShare:
         try:
             while True:
                 try:
-                    await trio.to_thread.run_sync(self._store.watch, stop, changed, **ABANDON_KW)  # type: ignore[union-attr]
+                    await run_sync_abandoning(self._store.watch, stop, changed)  # type: ignore[union-attr]
                 except StoreError as err:
                     log.debug("watching the fleet budget %s: %s", self.url, err)
                 await trio.sleep(REJOIN_INTERVAL)
@@ -291,7 +291,7 @@ class FleetShare:
             try:
                 if not self._threads:
                     return call()
-                return await trio.to_thread.run_sync(call, limiter=self._limiter, **ABANDON_KW)
+                return await run_sync_abandoning(call, limiter=self._limiter)
             except StoreError as err:
                 reason = str(err)
             except Exception as err:  # a bug or an unexpected reply must not end the mount

@@ -223,7 +223,16 @@ class RedisFleetStore:
         )
         reply = self._call(lambda: self._grant(keys=list(self._keys), args=list(args)))
         values = [float(v) for v in reply]
-        return Grant(*values[:6], mounts=int(values[6]), weight_sum=values[7])
+        return Grant(
+            metered=values[0],
+            units=values[1],
+            share_metered=values[2],
+            share_units=values[3],
+            fleet_metered=values[4],
+            fleet_units=values[5],
+            mounts=int(values[6]),
+            weight_sum=values[7],
+        )
 
     def set_rates(self, metered: float, units: float) -> None:
         """Store the fleet's rates (``fusethrottle budget set``); every grant reads them."""
@@ -245,7 +254,10 @@ class RedisFleetStore:
             pipe.zrange(self._keys[2], 0, -1, withscores=True)
             pipe.hgetall(self._keys[3])
             pipe.time()
-            return pipe.execute()  # type: ignore[no-any-return]
+            replies: tuple[list[tuple[str, float]], dict[str, str], list[str]] = tuple(
+                pipe.execute()
+            )  # type: ignore[assignment]
+            return replies
 
         members, weights, (sec, usec) = self._call(read)
         now = int(sec) * 1_000_000 + int(usec)

@@ -235,7 +235,10 @@ class LeasePool:
         self.expires = now + self.period * LEASE_EXPIRY_FACTOR
         pace = (grant.share_metered, grant.share_units)
         if gentle:
-            pace = tuple(min(p, w) if w > 0 else p for p, w in zip(pace, was, strict=True))
+            pace = (
+                min(pace[0], was[0]) if was[0] > 0 else pace[0],
+                min(pace[1], was[1]) if was[1] > 0 else pace[1],
+            )
         self._set_pace(now, *pace)
         short = self._runs_out_within(RENEW_AHEAD)
         # Short grant: the fleet's bucket was empty. Ask again once it has refilled a little,

@@ -29,7 +29,7 @@ from ..loglimit import LogLimiter
 from ..observability.native_status import FsyncLog, native_status
 from ..observability.status_server import serve_control
 from ..target.target_calls import target_has_xattrs
-from ..trio_compat import ABANDON_KW as _ABANDON_KW
+from ..trio_compat import run_sync_abandoning
 from ..window.budget import effective_window
 from ..window.controller import make_controller
 from ..window.kernel_cache import KernelCache
@@ -159,7 +159,7 @@ class NativeDaemon:
             nursery.start_soon(self._watch_unmount)
             rc: int | None = None
             with self._serving:
-                rc = await trio.to_thread.run_sync(self.engine.serve, **_ABANDON_KW)
+                rc = await run_sync_abandoning(self.engine.serve)
             self._served.set()
             nursery.cancel_scope.cancel()
         if rc is None:
@@ -178,7 +178,7 @@ class NativeDaemon:
         # mount was taken away from outside).
         end = self._end_deadline or trio.current_time() + self.config.unmount_timeout
         with trio.move_on_at(end):
-            failed = await trio.to_thread.run_sync(self.engine.sync_all, **_ABANDON_KW)
+            failed = await run_sync_abandoning(self.engine.sync_all)
         if failed is None:
             # The target holds the end's fsyncs: name what it does not have, and go (the
             # threads it holds are left to it; the process exits around them).
@@ -300,7 +300,7 @@ class NativeDaemon:
 
     async def _announce_ready(self) -> None:
         mountpoint = self.config.mountpoint
-        problem = await trio.to_thread.run_sync(stat_from_child, mountpoint, **_ABANDON_KW)
+        problem = await run_sync_abandoning(stat_from_child, mountpoint)
         if problem is not None:
             if self._served.is_set():
                 return
@@ -352,8 +352,8 @@ class NativeDaemon:
         fd: int | None = None
         with trio.move_on_at(deadline):
             try:
-                fd = await trio.to_thread.run_sync(
-                    os.open, self.config.mountpoint, os.O_RDONLY | os.O_DIRECTORY, **_ABANDON_KW
+                fd = await run_sync_abandoning(
+                    os.open, self.config.mountpoint, os.O_RDONLY | os.O_DIRECTORY
                 )
             except OSError as err:
                 log.error("cannot write back the kernel's cache: %s", err)
@@ -369,7 +369,7 @@ class NativeDaemon:
                 # attributes were expired, so the kernel must ask; the answer is ENOTCONN, from
                 # the engine alone: no call to the target, so it cannot hang this thread).
                 with trio.move_on_after(LOOP_END_GRACE):
-                    await trio.to_thread.run_sync(_poke, fd, **_ABANDON_KW)
+                    await run_sync_abandoning(_poke, fd)
         finally:
             if fd is not None:
                 os.close(fd)
@@ -400,9 +400,7 @@ class NativeDaemon:
             return
         while True:
             await trio.sleep(1.0)
-            gone = await trio.to_thread.run_sync(
-                lambda: find_mount(mountpoint, device=device) is None, **_ABANDON_KW
-            )
+            gone = await run_sync_abandoning(lambda: find_mount(mountpoint, device=device) is None)
             if self._stopping:
                 return  # the stop ends the loop itself
             if gone:
@@ -416,9 +414,9 @@ class NativeDaemon:
         try:
             while True:
                 before = self.engine.stats().written_bytes
-                await trio.to_thread.run_sync(_libc.syncfs, fd, **_ABANDON_KW)
+                await run_sync_abandoning(_libc.syncfs, fd)
                 await trio.sleep(CACHE_QUIET_PAUSE)
-                await trio.to_thread.run_sync(_libc.syncfs, fd, **_ABANDON_KW)
+                await run_sync_abandoning(_libc.syncfs, fd)
                 if self.engine.stats().written_bytes == before:
                     return
         except OSError as err:

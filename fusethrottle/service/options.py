@@ -369,7 +369,9 @@ def parse_options(items: Iterable[str], **base: object) -> Config:
                 value = _METER_FIELDS[key[len("meter_") :]](raw)
             except OptionError as err:
                 raise OptionError(f"option {key}: {err}") from None
-            overrides = dict(values.get("meter_overrides", ()))  # type: ignore[arg-type]
+            known = values.get("meter_overrides", ())
+            assert isinstance(known, tuple)
+            overrides: dict[str, object] = dict(known)
             overrides[key[len("meter_") :]] = value
             values["meter_overrides"] = tuple(sorted(overrides.items()))
             continue

@@ -231,7 +231,8 @@ class _CostMeter:
             if self.baseline is not None:
                 age = max(now - self._base_time, 0.0)
                 aged = self.baseline * 2.0 ** min(age / self._memory_s, 64.0)
-            self.baseline, self._base_time = min(self.recent, aged), now
+            recent = self.recent if self.recent is not None else aged
+            self.baseline, self._base_time = min(recent, aged), now
         return max(spent / mib, 1e-12)
 
 
