@@ -3,39 +3,31 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Awaitable, Callable
 
+import pytest
 import trio
 
 from fusethrottle.trio_compat import ABANDON_KW, run_sync_abandoning
 
 
-def test_a_cancelled_caller_leaves_a_stuck_thread_behind() -> None:
+async def _with_keyword(fn: Callable[[], object]) -> object:
+    return await trio.to_thread.run_sync(fn, **ABANDON_KW)
+
+
+@pytest.mark.parametrize("run", [_with_keyword, run_sync_abandoning], ids=["keyword", "helper"])
+def test_a_cancelled_caller_leaves_a_stuck_thread_behind(
+    run: Callable[[Callable[[], object]], Awaitable[object]],
+) -> None:
     stuck = threading.Event()
     unstick = threading.Timer(30.0, stuck.set)  # only so that a broken shim cannot hang the run
     unstick.start()
 
     async def main() -> None:
+        assert await run(lambda: 5) == 5  # what the thread returns comes back
         with trio.move_on_after(0.05):
-            await trio.to_thread.run_sync(stuck.wait, **ABANDON_KW)
+            await run(stuck.wait)
         # Out of the call while its thread still waits: the thread was abandoned, not awaited.
-        assert not stuck.is_set()
-
-    try:
-        trio.run(main)
-    finally:
-        stuck.set()
-        unstick.cancel()
-
-
-def test_run_sync_abandoning_leaves_a_stuck_thread_behind_and_returns_what_it_returns() -> None:
-    stuck = threading.Event()
-    unstick = threading.Timer(30.0, stuck.set)
-    unstick.start()
-
-    async def main() -> None:
-        assert await run_sync_abandoning(lambda a, b: a + b, 2, 3) == 5
-        with trio.move_on_after(0.05):
-            await run_sync_abandoning(stuck.wait)
         assert not stuck.is_set()
 
     try:
