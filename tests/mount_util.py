@@ -197,6 +197,30 @@ class Daemon:
         self.signal(signal.SIGKILL)
         fusermount_unmount(self.mountpoint, lazy=True)
 
+    def _note_why_it_stays(self, unmount: subprocess.CompletedProcess[str] | None) -> None:
+        """Before a daemon that outstayed its unmount is killed: what the unmount said, whether
+        the mount is still there, and where each of its threads waits (the kernel's view, then
+        the daemon's own, SIGUSR1 to faulthandler), appended to its log for the failure."""
+        lines = ["== the daemon did not exit after the unmount: killed; what it looked like"]
+        if unmount is None:
+            lines.append("not unmounted by the test (it was not mounted any more)")
+        else:
+            said = (unmount.stderr or "").strip() or "nothing"
+            lines.append(f"fusermount3 -u: exit {unmount.returncode}, said {said}")
+        lines.append(f"still mounted: {self.is_mounted()}")
+        for task in sorted(Path(f"/proc/{self.pid}/task").glob("*")):
+            name = wchan = stack = "?"
+            with contextlib.suppress(OSError):
+                name = (task / "comm").read_text().strip()
+                wchan = (task / "wchan").read_text().strip()
+                stack = (task / "stack").read_text().strip().replace("\n", " < ")
+            lines.append(f"thread {task.name} {name}: {wchan}: {stack}")
+        with open(self.log_path, "a") as log:
+            log.write("\n".join(lines) + "\n")
+        if self.fstype == FSTYPE:
+            self.signal(signal.SIGUSR1)
+            time.sleep(1.0)
+
     def stop(self) -> int | None:
         """Unmount and reap, whatever state the daemon is in; returns its exit code."""
         if self._watchdog is not None:
@@ -204,10 +228,12 @@ class Daemon:
         if self.stopped:
             self.signal(signal.SIGCONT)
             self.stopped = False
+        unmount: subprocess.CompletedProcess[str] | None = None
         if self.is_mounted() and self.proc.poll() is None:
-            fusermount_unmount(self.mountpoint)
+            unmount = fusermount_unmount(self.mountpoint)
         code = self.wait(STOP_TIMEOUT if self.proc.poll() is None else 0)
         if code is None:
+            self._note_why_it_stays(unmount)
             self.signal(signal.SIGKILL)
             code = self.wait()
         if self.is_mounted():
