@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -88,6 +89,10 @@ def make_mount(workdir: Path) -> Iterator[MakeMount]:
     for daemon in reversed(daemons):
         was_running = daemon.proc.poll() is None
         code = daemon.stop()
+        if not was_running and code != 0 and not daemon.expect_log_problems:
+            # It ended during the test: a crash shows as ENOTCONN there, its cause only here
+            # (shown with the test's report if the test failed).
+            sys.stderr.write(f"daemon for {daemon.mountpoint} ended with {code}:\n{daemon.log()}")
         if daemon.hung:
             failures.append(f"{daemon.mountpoint} hung; the watchdog broke it:\n{daemon.log()}")
             continue

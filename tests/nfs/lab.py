@@ -181,8 +181,19 @@ def _sh(*argv: str) -> None:
 
 
 def open_fds(pid: int) -> int:
-    """How many descriptors process *pid* has open."""
-    return len(os.listdir(f"/proc/{pid}/fd"))
+    """How many descriptors process *pid* holds of files, directories and placeholders: not
+    counting a request loop's own (with the native engine each request thread has its clone
+    of /dev/fuse and a splice pipe: their number follows the threads the load started, not
+    the files the daemon holds)."""
+    held = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target != "/dev/fuse" and not target.startswith("pipe:"):
+            held += 1
+    return held
 
 
 def forget_cached_names() -> None:

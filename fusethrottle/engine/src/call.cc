@@ -1,5 +1,7 @@
 #include "call.h"
 
+#include "engine.h"
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +29,11 @@ bool dying(pid_t tid) {
   }
   std::fclose(status);
   return found;
+}
+
+void note_error(int error) {
+  Call& call = this_call();
+  if (error == ESTALE && call.node != 0) call.engine->inodes().get(call.node).set_stale(true);
 }
 
 void on_interrupt(fuse_req_t req, void* data) {

@@ -16,6 +16,7 @@
 #include <fuse_lowlevel.h>
 
 #include <atomic>
+#include <type_traits>
 #include <utility>
 
 namespace ft {
@@ -27,6 +28,8 @@ struct Call {
   uid_t uid = 0;
   gid_t gid = 0;
   std::atomic<pid_t> pid{0};  // the caller's thread (read by the interrupt too)
+  // The node the request is about (its first node id: the parent for a name), 0 for none.
+  fuse_ino_t node = 0;
   // The request until someone claimed its answer (then null). Only the interrupt, on another
   // thread, touches it besides its own thread: the request cannot be freed, nor its address
   // reused, while its interrupt callback runs (libfuse holds it).
@@ -39,11 +42,18 @@ struct Call {
 // interrupt of an earlier request finds it, sees another request and does nothing).
 Call& this_call();
 
+// The handler answers this thread's request with *error*: an ESTALE from the target marks the
+// request's node stale (inode.h), before the answer lets the kernel forget it.
+void note_error(int error);
+
 // Answer this thread's request with *reply* (a fuse_reply_* function), unless the interrupt
 // answered it already: then -EINTR, and *req* is not touched.
 template <typename Reply, typename... Args>
 int answer(Reply reply, fuse_req_t req, Args&&... args) {
   if (!this_call().claim(req)) return -EINTR;
+  if constexpr (std::is_same_v<Reply, int (*)(fuse_req_t, int)> && sizeof...(Args) == 1) {
+    note_error((static_cast<int>(args), ...));
+  }
   return reply(req, std::forward<Args>(args)...);
 }
 

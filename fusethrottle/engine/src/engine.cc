@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <fuse_lowlevel.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -60,6 +61,9 @@ int Engine::mount(std::string& error) {
     return rc;
   }
   flusher_.start(options_.sync_threads);
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    relief_.start(session_.get(), relief_bounds(limit.rlim_cur));
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include "flusher.h"
 #include "fusethrottle_engine.h"
 #include "inode.h"
+#include "relief.h"
 #include "session_io.h"
 #include "window.h"
 
@@ -56,6 +57,7 @@ class Engine {
   bool writeback_cache() const { return writeback_cache_.load(); }
   void set_writeback_cache(bool on) { writeback_cache_.store(on); }
   size_t known_files() { return inodes_.size(); }
+  uint64_t names_dropped() const { return relief_.asked(); }
   SessionIo& session_io() { return io_; }
 
   // Every request is counted by kind as it arrives (ops.cc: counted).
@@ -82,6 +84,7 @@ class Engine {
   };
   std::unique_ptr<fuse_session, SessionDeleter> session_;
   SessionIo io_;
+  Relief relief_{inodes_, window_};  // after the session: its thread ends first
   std::array<std::atomic<uint64_t>, FT_OP_COUNT> operations_{};
   bool mounted_ = false;
   std::atomic<bool> writeback_cache_{false};

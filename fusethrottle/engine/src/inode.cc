@@ -4,28 +4,94 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 
 namespace ft {
+
+std::string handle_of(int fd) {
+  struct {
+    file_handle head;
+    unsigned char bytes[MAX_HANDLE_SZ];
+  } found{};
+  found.head.handle_bytes = MAX_HANDLE_SZ;
+  int mount_id = 0;
+  if (::name_to_handle_at(fd, "", &found.head, &mount_id, AT_EMPTY_PATH) != 0) return {};
+  std::string handle(reinterpret_cast<const char*>(&found.head.handle_type), sizeof(int));
+  handle.append(reinterpret_cast<const char*>(found.head.f_handle), found.head.handle_bytes);
+  return handle;
+}
 
 int InodeTable::open_root(const char* source) {
   Fd fd(::open(source, O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!fd) return -errno;
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return -errno;
-  root_ = std::make_shared<Inode>(std::move(fd), InodeKey{st.st_dev, st.st_ino}, st.st_mode);
+  std::string handle = handle_of(fd.get());
+  root_ = std::make_shared<Inode>(std::move(fd), InodeKey{st.st_dev, st.st_ino}, st.st_mode,
+                                  std::move(handle));
   return 0;
 }
 
-fuse_ino_t InodeTable::remember(Fd path, const struct stat& st) {
+fuse_ino_t InodeTable::remember(Fd path, const struct stat& st, std::string handle) {
   InodeKey key{st.st_dev, st.st_ino};
   if (root_ && key == root_->key()) return FUSE_ROOT_ID;  // the root is counted by nobody
-  std::lock_guard<std::mutex> guard(lock_);
+  std::unique_lock<std::mutex> guard(lock_);
   auto& slot = known_[key];
-  if (!slot) slot = std::make_shared<Inode>(std::move(path), key, st.st_mode & S_IFMT);
+  if (slot && !slot->same_object(st.st_mode, handle)) {
+    Inode* old = slot.get();
+    detached_.emplace(old, std::move(slot));  // retired: its key names another object
+  }
+  bool past = false;
+  if (!slot) {
+    slot = std::make_shared<Inode>(std::move(path), key, st.st_mode & S_IFMT, std::move(handle));
+    slot->born_ = ++born_;
+    past = known_.size() > high_;
+  }
   slot->lookups_++;
-  return reinterpret_cast<fuse_ino_t>(slot.get());
+  auto node = reinterpret_cast<fuse_ino_t>(slot.get());
+  guard.unlock();
+  if (past) full_();
+  return node;
+}
+
+void InodeTable::named(fuse_ino_t node, fuse_ino_t parent, const char* name) {
+  if (node == FUSE_ROOT_ID) return;
+  std::lock_guard<std::mutex> guard(lock_);
+  auto* inode = reinterpret_cast<Inode*>(node);
+  inode->parent_ = parent;
+  inode->name_ = name;
+}
+
+void InodeTable::when_past(size_t high, std::function<void()> full) {
+  std::lock_guard<std::mutex> guard(lock_);
+  full_ = std::move(full);
+  high_ = high;
+}
+
+std::vector<InodeTable::Name> InodeTable::oldest_names(size_t count,
+                                                       std::chrono::steady_clock::duration again) {
+  std::vector<Name> out;
+  if (count == 0) return out;
+  auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> guard(lock_);
+  std::vector<Inode*> candidates;
+  candidates.reserve(known_.size());
+  for (auto& [key, inode] : known_) {
+    if (inode->parent_ != 0 && inode->asked_until_ <= now) candidates.push_back(inode.get());
+  }
+  count = std::min(count, candidates.size());
+  auto older = [](const Inode* a, const Inode* b) { return a->born_ < b->born_; };
+  std::partial_sort(candidates.begin(), candidates.begin() + static_cast<ptrdiff_t>(count),
+                    candidates.end(), older);
+  out.reserve(count);
+  for (size_t i = 0; i < count; i++) {
+    Inode* inode = candidates[i];
+    inode->asked_until_ = now + again;
+    out.push_back(Name{inode->shared_from_this(), inode->parent_, inode->name_});
+  }
+  return out;
 }
 
 std::shared_ptr<Inode> InodeTable::forget(fuse_ino_t node, uint64_t n) {
@@ -59,10 +125,14 @@ bool InodeTable::detach(Inode& inode, const struct stat& last) {
   std::lock_guard<std::mutex> guard(lock_);
   auto it = known_.find(inode.key());
   if (it == known_.end() || it->second.get() != &inode) return false;
-  if (::dup3(placeholder.get(), inode.fd(), O_CLOEXEC) < 0) return false;
-  inode.removed_ = last;
+  inode.removed_ = last;  // read only once let go of
   inode.removed_.st_nlink = 0;
-  inode.detached_.store(true, std::memory_order_release);
+  uint32_t idle = 0;  // no call through the descriptor under way, none let in after
+  if (!inode.use_.compare_exchange_strong(idle, Inode::kLetGo, std::memory_order_acq_rel)) return false;
+  if (::dup3(placeholder.get(), inode.fd(), O_CLOEXEC) < 0) {
+    inode.use_.store(0, std::memory_order_release);
+    return false;
+  }
   detached_.emplace(&inode, std::move(it->second));
   known_.erase(it);
   return true;
@@ -71,7 +141,7 @@ bool InodeTable::detach(Inode& inode, const struct stat& last) {
 void InodeTable::reattach(Inode& inode, Fd fresh) {
   std::lock_guard<std::mutex> guard(lock_);
   if (::dup3(fresh.get(), inode.fd(), O_CLOEXEC) < 0) return;
-  inode.detached_.store(false, std::memory_order_release);
+  inode.use_.store(0, std::memory_order_release);
   auto was = detached_.find(&inode);
   if (was == detached_.end()) return;
   auto& slot = known_[inode.key()];

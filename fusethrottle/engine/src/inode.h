@@ -6,13 +6,17 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "fd.h"
+#include "kernel_view.h"
 #include "window.h"
 
 namespace ft {
@@ -22,6 +26,12 @@ struct InodeKey {
   ino_t ino;
   bool operator==(const InodeKey& o) const { return dev == o.dev && ino == o.ino; }
 };
+
+// The target's file handle of an object (name_to_handle_at: type and bytes; empty where the
+// target has none). A file system gives a removed object's inode number to a new one, and on
+// NFS another host may do so while this host still holds the old object (the server knows
+// nothing of an O_PATH descriptor): the handle tells the two apart without asking the target.
+std::string handle_of(int fd);
 
 struct InodeKeyHash {
   size_t operator()(const InodeKey& k) const {
@@ -34,7 +44,8 @@ struct InodeKeyHash {
 // it; the node id is its address).
 class Inode : public std::enable_shared_from_this<Inode> {
  public:
-  Inode(Fd path, InodeKey key, mode_t type) : path_(std::move(path)), key_(key), type_(type) {}
+  Inode(Fd path, InodeKey key, mode_t type, std::string handle)
+      : path_(std::move(path)), key_(key), type_(type), handle_(std::move(handle)) {}
   int fd() const { return path_.get(); }
   InodeKey key() const { return key_; }
   bool is_symlink() const { return S_ISLNK(type_); }
@@ -42,9 +53,32 @@ class Inode : public std::enable_shared_from_this<Inode> {
   bool is_regular() const { return S_ISREG(type_); }
   // Let go of before its last name was removed (removal.h): its descriptor's number points at
   // nothing of the target any more, so calls through it fail instead of reaching another file.
-  bool detached() const { return detached_.load(std::memory_order_acquire); }
+  bool detached() const { return (use_.load(std::memory_order_acquire) & kLetGo) != 0; }
+  // A call through its descriptor starts (false: it was let go of, the call must not go
+  // through the placeholder) and ends; a removal lets go of it only while none is under way.
+  bool enter() {
+    uint32_t now = use_.load(std::memory_order_acquire);
+    do {
+      if (now & kLetGo) return false;
+    } while (!use_.compare_exchange_weak(now, now + 1, std::memory_order_acq_rel));
+    return true;
+  }
+  void leave() { use_.fetch_sub(1, std::memory_order_acq_rel); }
   // Its attributes when it was let go of, with no link left (valid once detached()).
   const struct stat& removed() const { return removed_; }
+  // Whether *type* and *handle*, just looked up under its key, are this object (see handle_of;
+  // where the target has no handles only a change of type shows).
+  bool same_object(mode_t type, const std::string& handle) const {
+    if (!handle.empty() && !handle_.empty()) return handle == handle_;
+    return (type & S_IFMT) == type_;
+  }
+  const std::string& handle() const { return handle_; }
+
+  // The target answered ESTALE to a call through it (another host removed or replaced the
+  // object): a lookup that finds it again under a name has the target's client look the name
+  // up anew (see ops.cc: look_again).
+  void set_stale(bool stale) { stale_.store(stale, std::memory_order_relaxed); }
+  bool stale() const { return stale_.load(std::memory_order_relaxed); }
 
   // The mtime the kernel's writeback cache last handed back with a file handle (ns), see
   // op_setattr: the same time sent again later without one is still the kernel's own.
@@ -59,17 +93,46 @@ class Inode : public std::enable_shared_from_this<Inode> {
   uint64_t writer() const { return writer_.load(std::memory_order_relaxed); }
 
   FileLedger ledger;  // its un-synced data: guarded by the window's lock
+  KernelView view;    // what the kernel was shown of it (regular files, writeback cache)
 
  private:
   friend class InodeTable;
   Fd path_;
   InodeKey key_;
   mode_t type_;
+  std::string handle_;
   uint64_t lookups_ = 0;  // guarded by the table's lock
+  // The name the kernel last learned it by (for relief.h), its age and when the kernel was
+  // last asked to drop it: guarded by the table's lock.
+  fuse_ino_t parent_ = 0;
+  std::string name_;
+  uint64_t born_ = 0;
+  std::chrono::steady_clock::time_point asked_until_{};
+  std::atomic<bool> stale_{false};
   std::atomic<uint64_t> writer_{0};
   std::atomic<int64_t> kernel_mtime_{-1};
-  std::atomic<bool> detached_{false};
+  static constexpr uint32_t kLetGo = 1u << 31;
+  std::atomic<uint32_t> use_{0};  // calls under way through the descriptor, and kLetGo
   struct stat removed_ {};
+};
+
+// One call through an inode's descriptor, from before it starts to after it ended. It holds
+// the inode too: once a request is answered the kernel may forget it.
+class Using {
+ public:
+  explicit Using(std::shared_ptr<Inode> inode)
+      : inode_(std::move(inode)), entered_(inode_->enter()) {}
+  ~Using() {
+    if (entered_) inode_->leave();
+  }
+  Using(const Using&) = delete;
+  Using& operator=(const Using&) = delete;
+  // False: the file was let go of (its last name removed); answer as for a removed file.
+  explicit operator bool() const { return entered_; }
+
+ private:
+  std::shared_ptr<Inode> inode_;
+  bool entered_;
 };
 
 class InodeTable {
@@ -87,9 +150,12 @@ class InodeTable {
     return &inode == root_.get() ? FUSE_ROOT_ID : reinterpret_cast<fuse_ino_t>(&inode);
   }
 
-  // Count one more lookup of the file *path* (stat *st*) and return its node; the descriptor
-  // is kept if the file is new to the table, closed otherwise.
-  fuse_ino_t remember(Fd path, const struct stat& st);
+  // Count one more lookup of the file *path* (stat *st*, file handle *handle*) and return its
+  // node; the descriptor is kept if the file is new to the table, closed otherwise. A known
+  // node whose key now names another object is retired: it leaves the lookup by key (the
+  // kernel's node id stays valid until it forgets it) and the new object gets a node of its
+  // own.
+  fuse_ino_t remember(Fd path, const struct stat& st, std::string handle);
   // The kernel dropped *n* lookups of *node*: at none, the table lets it go and hands it
   // back (the window keeps it while it owes a sync; its descriptor closes with the last).
   std::shared_ptr<Inode> forget(fuse_ino_t node, uint64_t n);
@@ -108,13 +174,31 @@ class InodeTable {
   // The node ids the kernel holds (the root aside), for invalidating their attributes.
   std::vector<fuse_ino_t> nodes();
 
+  // The kernel learned *node* as *name* in *parent* (a lookup's reply).
+  void named(fuse_ino_t node, fuse_ino_t parent, const char* name);
+  // Past *high* known files, *full* is called (from a lookup's thread, outside the lock).
+  void when_past(size_t high, std::function<void()> full);
+  // The names of up to *count* files, oldest first, the kernel may be asked to drop now (not
+  // the root, not asked within *again*), each marked as asked.
+  struct Name {
+    std::shared_ptr<Inode> inode;
+    fuse_ino_t parent;
+    std::string name;
+  };
+  std::vector<Name> oldest_names(size_t count, std::chrono::steady_clock::duration again);
+
   size_t size();
 
  private:
   std::mutex lock_;
   std::unordered_map<InodeKey, std::shared_ptr<Inode>, InodeKeyHash> known_;
-  std::unordered_map<const Inode*, std::shared_ptr<Inode>> detached_;  // still held by the kernel
+  // Out of the lookup by key (let go of before a removal, or retired) but still held by the
+  // kernel.
+  std::unordered_map<const Inode*, std::shared_ptr<Inode>> detached_;
   std::shared_ptr<Inode> root_;
+  uint64_t born_ = 0;
+  size_t high_ = SIZE_MAX;
+  std::function<void()> full_;
 };
 
 }  // namespace ft

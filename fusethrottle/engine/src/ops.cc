@@ -37,9 +37,10 @@ bool refused(fuse_req_t req) {
 }
 
 // A request for a file let go of before its name was removed (removal.h): answered as for a
-// removed file, never through the placeholder its descriptor's number points at.
-bool let_go_of(fuse_req_t req, const Inode& inode) {
-  if (!inode.detached()) return false;
+// removed file, never through the placeholder its descriptor's number points at. *use* holds
+// the file from the check to the end of the call.
+bool let_go_of(fuse_req_t req, const Using& use) {
+  if (use) return false;
   answer(fuse_reply_err, req, ENOENT);
   return true;
 }
@@ -47,27 +48,81 @@ bool let_go_of(fuse_req_t req, const Inode& inode) {
 // The errno of a failed call, never 0 (a reply of 0 to a request that failed is a lie).
 int failed() { return errno != 0 ? errno : EIO; }
 
-int stat_inode(const Inode& inode, struct stat* st) {
-  if (inode.detached()) return ENOENT;  // let go of: its name was removed
+
+int stat_inode(Inode& inode, struct stat* st) {
+  Using use(inode.shared_from_this());
+  if (!use) return ENOENT;  // let go of: its name was removed
   return ::fstatat(inode.fd(), "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 ? 0 : failed();
 }
 
-// Look *name* up in *parent* and count the lookup the reply hands the kernel.
-int look_up(Engine& engine, fuse_ino_t parent, const char* name, fuse_entry_param* entry) {
-  *entry = fuse_entry_param{};
-  Fd fd(::openat(engine.inodes().get(parent).fd(), name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd) return failed();
-  if (::fstatat(fd.get(), "", &entry->attr, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0)
-    return failed();
-  entry->attr_timeout = engine.options().attr_timeout;
-  entry->entry_timeout = engine.options().entry_timeout;
-  entry->ino = engine.inodes().remember(std::move(fd), entry->attr);
+// How an entry came about: a lookup of what is there (which may find another writer's change,
+// see kernel_view.h), or the mount's own making of it.
+enum class Found { kLookedUp, kMade };
+
+// With the writeback cache the kernel keeps its own size of a regular file (kernel_view.h).
+KernelView* view_of(const Engine& engine, Inode& inode) {
+  return engine.writeback_cache() && inode.is_regular() ? &inode.view : nullptr;
+}
+
+// *name* in the directory *dir* as the target's client has it now: its O_PATH descriptor,
+// stat and file handle; 0 or the errno.
+int find_name(int dir, const char* name, Fd* fd, struct stat* st, std::string* handle) {
+  fd->reset(::openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  if (!*fd) return failed();
+  if (::fstatat(fd->get(), "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return failed();
+  *handle = handle_of(fd->get());
   return 0;
 }
 
-void reply_entry_of(fuse_req_t req, fuse_ino_t parent, const char* name) {
+// The lookup found the object the target called stale (inode.h: set_stale), or the target
+// called what it found stale. An O_PATH open takes the target client's cached name as it is:
+// on NFS the client keeps serving a name another host removed and made anew, with the old,
+// stale handle, until the directory's attributes time out (acdirmin: 30 s). An open has NFS
+// check the name with the server first (close-to-open); with O_DIRECTORY it does so for any
+// type and opens nothing but a directory (no device or fifo is opened), so one is tried, and
+// closed, before looking again; its refusal is no matter.
+int look_again(int dir, const char* name, Inode* stale, Fd* fd, struct stat* st,
+               std::string* handle) {
+  Fd probe(::openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  probe.reset();
+  int err = find_name(dir, name, fd, st, handle);
+  if (err == 0 && stale != nullptr && stale->same_object(st->st_mode, *handle))
+    stale->set_stale(false);  // the same object after all
+  return err;
+}
+
+// Look *name* up in *parent* and count the lookup the reply hands the kernel.
+int look_up(Engine& engine, fuse_ino_t parent, const char* name, fuse_entry_param* entry,
+            Found found = Found::kLookedUp) {
+  *entry = fuse_entry_param{};
+  uint64_t since = KernelView::now();
+  int dir = engine.inodes().get(parent).fd();
+  Fd fd;
+  std::string handle;
+  int err = find_name(dir, name, &fd, &entry->attr, &handle);
+  if (err == ESTALE) {
+    err = look_again(dir, name, nullptr, &fd, &entry->attr, &handle);
+  } else if (err == 0) {
+    auto known = engine.inodes().find(InodeKey{entry->attr.st_dev, entry->attr.st_ino});
+    if (known && known->stale() && known->same_object(entry->attr.st_mode, handle))
+      err = look_again(dir, name, known.get(), &fd, &entry->attr, &handle);
+  }
+  if (err) return err;
+  entry->attr_timeout = engine.options().attr_timeout;
+  entry->entry_timeout = engine.options().entry_timeout;
+  entry->ino = engine.inodes().remember(std::move(fd), entry->attr, std::move(handle));
+  engine.inodes().named(entry->ino, parent, name);
+  if (KernelView* view = view_of(engine, engine.inodes().get(entry->ino))) {
+    entry->generation = found == Found::kLookedUp ? view->looked_up(entry->attr, since)
+                                                  : view->made(entry->attr, since);
+  }
+  return 0;
+}
+
+void reply_entry_of(fuse_req_t req, fuse_ino_t parent, const char* name,
+                    Found found = Found::kLookedUp) {
   fuse_entry_param entry;
-  int err = look_up(engine_of(req), parent, name, &entry);
+  int err = look_up(engine_of(req), parent, name, &entry, found);
   if (err) {
     answer(fuse_reply_err, req, err);
   } else {
@@ -184,7 +239,7 @@ void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) 
   if (refused(req)) return;
   become_caller();
   if (::mkdirat(inode_of(req, parent).fd(), name, mode) != 0) return (void)answer(fuse_reply_err, req, failed());
-  reply_entry_of(req, parent, name);
+  reply_entry_of(req, parent, name, Found::kMade);
 }
 
 void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
@@ -192,7 +247,7 @@ void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
   become_caller();
   if (::mknodat(inode_of(req, parent).fd(), name, mode, rdev) != 0)
     return (void)answer(fuse_reply_err, req, failed());
-  reply_entry_of(req, parent, name);
+  reply_entry_of(req, parent, name, Found::kMade);
 }
 
 void op_symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
@@ -200,18 +255,19 @@ void op_symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char*
   become_caller();
   if (::symlinkat(link, inode_of(req, parent).fd(), name) != 0)
     return (void)answer(fuse_reply_err, req, failed());
-  reply_entry_of(req, parent, name);
+  reply_entry_of(req, parent, name, Found::kMade);
 }
 
 void op_link(fuse_req_t req, fuse_ino_t node, fuse_ino_t newparent, const char* newname) {
   if (refused(req)) return;
   become_caller();
-  if (let_go_of(req, inode_of(req, node))) return;
+  Using use(engine_of(req).inodes().share(node));
+  if (let_go_of(req, use)) return;
   // Through /proc: linkat(AT_EMPTY_PATH) would need CAP_DAC_READ_SEARCH of the caller.
   std::string from = proc_path(inode_of(req, node).fd());
   if (::linkat(AT_FDCWD, from.c_str(), inode_of(req, newparent).fd(), newname, AT_SYMLINK_FOLLOW) != 0)
     return (void)answer(fuse_reply_err, req, failed());
-  reply_entry_of(req, newparent, newname);
+  reply_entry_of(req, newparent, newname, Found::kMade);
 }
 
 void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -270,7 +326,9 @@ int set_attributes(const Inode& inode, const struct stat& attr, int to_set, cons
   if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
     uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr.st_uid : static_cast<uid_t>(-1);
     gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr.st_gid : static_cast<gid_t>(-1);
-    if (::fchownat(inode.fd(), "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return failed();
+    int rc = fd >= 0 ? ::fchown(fd, uid, gid)
+                     : ::fchownat(inode.fd(), "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
+    if (rc != 0) return failed();
   }
   if (to_set & FUSE_SET_ATTR_SIZE) {
     int rc = fd >= 0 ? ::ftruncate(fd, attr.st_size) : ::truncate(path.c_str(), attr.st_size);
@@ -332,7 +390,8 @@ void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, 
   if (refused(req)) return;
   become_caller();
   Inode& inode = inode_of(req, node);
-  if (fi == nullptr && inode.detached()) {
+  Using use(inode.shared_from_this());  // (with a handle, only the handle's descriptor is used)
+  if (fi == nullptr && !use) {
     // The writeback cache hands back a removed file's times when it evicts it (once per file
     // of an rm -rf, and at syncfs): nobody can see them any more.
     if ((to_set & kBeyondTimes) == 0)
@@ -346,16 +405,25 @@ void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, 
     if (err == 0 && kernels_own_times(inode, *attr, to_set, fi, now))
       return (void)answer(fuse_reply_attr, req, &now, engine_of(req).options().attr_timeout);
   }
-  int err = set_attributes(inode, *attr, to_set, fi);
-  if (err) return (void)answer(fuse_reply_err, req, err);
-  // Truncated to nothing: what was written needs no sync any more.
-  if ((to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0) engine_of(req).window().discard(inode);
-  op_getattr(req, node, fi);
+  struct stat now {};
+  {
+    KernelView::Change change(inode.view);
+    int err = set_attributes(inode, *attr, to_set, fi);
+    if (err) return (void)answer(fuse_reply_err, req, err);
+    // Truncated to nothing: what was written needs no sync any more.
+    if ((to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0) engine_of(req).window().discard(inode);
+    err = fi != nullptr ? (::fstat(borrow<OpenFile>(fi).fd.get(), &now) == 0 ? 0 : failed())
+                        : stat_inode(inode, &now);
+    if (err) return (void)answer(fuse_reply_err, req, err);
+    inode.view.set(now, (to_set & FUSE_SET_ATTR_SIZE) != 0, change);
+  }
+  answer(fuse_reply_attr, req, &now, engine_of(req).options().attr_timeout);
 }
 
 void op_readlink(fuse_req_t req, fuse_ino_t node) {
   become_caller();
-  if (let_go_of(req, inode_of(req, node))) return;
+  Using use(engine_of(req).inodes().share(node));
+  if (let_go_of(req, use)) return;
   std::vector<char> target(PATH_MAX + 1);
   ssize_t n = ::readlinkat(inode_of(req, node).fd(), "", target.data(), target.size());
   if (n < 0) return (void)answer(fuse_reply_err, req, failed());
@@ -367,7 +435,9 @@ void op_readlink(fuse_req_t req, fuse_ino_t node) {
 void op_statfs(fuse_req_t req, fuse_ino_t node) {
   become_caller();
   struct statvfs st {};
-  if (::fstatvfs(inode_of(req, node).fd(), &st) != 0) return (void)answer(fuse_reply_err, req, failed());
+  Using use(engine_of(req).inodes().share(node));  // a removed file's: the file system's of the root
+  int fd = use ? inode_of(req, node).fd() : engine_of(req).inodes().root().fd();
+  if (::fstatvfs(fd, &st) != 0) return (void)answer(fuse_reply_err, req, failed());
   answer(fuse_reply_statfs, req, &st);
 }
 
@@ -378,7 +448,8 @@ void op_setxattr(fuse_req_t req, fuse_ino_t node, const char* name, const char* 
   if (refused(req)) return;
   become_caller();
   Inode& inode = inode_of(req, node);
-  if (let_go_of(req, inode)) return;
+  Using use(inode.shared_from_this());
+  if (let_go_of(req, use)) return;
   if (inode.is_symlink()) return (void)answer(fuse_reply_err, req, EOPNOTSUPP);
   int rc = ::setxattr(proc_path(inode.fd()).c_str(), name, value, size, flags);
   answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
@@ -387,7 +458,8 @@ void op_setxattr(fuse_req_t req, fuse_ino_t node, const char* name, const char* 
 void op_getxattr(fuse_req_t req, fuse_ino_t node, const char* name, size_t size) {
   become_caller();
   Inode& inode = inode_of(req, node);
-  if (let_go_of(req, inode)) return;
+  Using use(inode.shared_from_this());
+  if (let_go_of(req, use)) return;
   if (inode.is_symlink()) return (void)answer(fuse_reply_err, req, ENODATA);
   std::string path = proc_path(inode.fd());
   if (size == 0) {
@@ -404,7 +476,8 @@ void op_getxattr(fuse_req_t req, fuse_ino_t node, const char* name, size_t size)
 void op_listxattr(fuse_req_t req, fuse_ino_t node, size_t size) {
   become_caller();
   Inode& inode = inode_of(req, node);
-  if (let_go_of(req, inode)) return;
+  Using use(inode.shared_from_this());
+  if (let_go_of(req, use)) return;
   if (inode.is_symlink()) {
     if (size == 0) return (void)answer(fuse_reply_xattr, req, 0);
     return (void)answer(fuse_reply_buf, req, nullptr, 0);
@@ -425,7 +498,8 @@ void op_removexattr(fuse_req_t req, fuse_ino_t node, const char* name) {
   if (refused(req)) return;
   become_caller();
   Inode& inode = inode_of(req, node);
-  if (let_go_of(req, inode)) return;
+  Using use(inode.shared_from_this());
+  if (let_go_of(req, use)) return;
   if (inode.is_symlink()) return (void)answer(fuse_reply_err, req, EOPNOTSUPP);
   int rc = ::removexattr(proc_path(inode.fd()).c_str(), name);
   answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
@@ -444,10 +518,12 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
       &bypass);
   if (!fd) return (void)answer(fuse_reply_err, req, failed());
   fuse_entry_param entry;
-  int err = look_up(engine, parent, name, &entry);
+  int err = look_up(engine, parent, name, &entry, Found::kMade);
   if (err) return (void)answer(fuse_reply_err, req, err);
   note_writer(engine.inodes().get(entry.ino), fi->flags);
   auto inode = engine.inodes().share(entry.ino);
+  KernelView* view = view_of(engine, *inode);
+  if (view != nullptr) view->opening();
   engine.window().opened(inode);
   auto file = std::make_unique<OpenFile>();
   file->fd = std::move(fd);
@@ -456,22 +532,52 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   fi->fh = hand_over(std::move(file));
   if (answer(fuse_reply_create, req, &entry, fi) != 0) {
     // The caller is gone: nobody will release or forget it.
+    if (view != nullptr) view->closed();
     engine.window().released(inode, std::move(take_back<OpenFile>(fi)->fd));
     forget_one(engine, entry.ino, 1);
   }
+}
+
+// An open (*flags*) of a file the kernel caches found it changed on the target by another
+// writer since the kernel was shown it, and nobody else has it open through the mount.
+bool changed_elsewhere(KernelView& view, int fd, int flags, uint64_t since) {
+  if (flags & O_TRUNC) {
+    view.truncated();  // the kernel knows the size it made
+    return false;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  KernelView::AtOpen at = view.opened(st, since);
+  return at.changed && at.alone;
 }
 
 void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   if (refused(req)) return;
   become_caller();
   Engine& engine = engine_of(req);
-  if (let_go_of(req, inode_of(req, node))) return;
+  Using use(engine_of(req).inodes().share(node));
+  if (let_go_of(req, use)) return;
   std::string path = proc_path(inode_of(req, node).fd());
+  KernelView* view = view_of(engine, inode_of(req, node));
+  uint64_t since = KernelView::now();
+  if (view != nullptr) view->opening();
   bool bypass = false;
   Fd fd = open_as_asked(
       engine, fi->flags & ~O_CREAT, [&](int flags) { return ::open(path.c_str(), flags); },
       &bypass);
-  if (!fd) return (void)answer(fuse_reply_err, req, failed());
+  if (!fd) {
+    int err = failed();
+    if (view != nullptr) view->closed();
+    return (void)answer(fuse_reply_err, req, err);
+  }
+  if (view != nullptr && changed_elsewhere(*view, fd.get(), fi->flags, since)) {
+    // Close-to-open, as NFS itself: the file changed on the target since the kernel was shown
+    // it, and the kernel keeps its own size of it. ESTALE makes it look the name up again and
+    // retry the open; that lookup hands it a new generation with the target's size.
+    view->closed();
+    this_call().node = 0;  // (not the target's ESTALE: nothing is stale)
+    return (void)answer(fuse_reply_err, req, ESTALE);
+  }
   note_writer(inode_of(req, node), fi->flags);
   auto inode = engine.inodes().share(node);
   engine.window().opened(inode);
@@ -480,7 +586,10 @@ void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
   fi->fh = hand_over(std::move(file));
-  if (answer(fuse_reply_open, req, fi) != 0) engine.window().released(inode, std::move(take_back<OpenFile>(fi)->fd));
+  if (answer(fuse_reply_open, req, fi) != 0) {
+    if (view != nullptr) view->closed();
+    engine.window().released(inode, std::move(take_back<OpenFile>(fi)->fd));
+  }
 }
 
 void read_direct(fuse_req_t req, int fd, size_t size, off_t off) {
@@ -541,7 +650,13 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
   engine.window().admit(size);
   const OpenFile& file = borrow<OpenFile>(fi);
   ssize_t n = 0;
-  int err = file.direct ? write_direct(file.fd.get(), in, off, &n) : write_through(file.fd.get(), in, off, &n);
+  int err;
+  {
+    KernelView& view = inode_of(req, node).view;
+    KernelView::Change change(view);
+    err = file.direct ? write_direct(file.fd.get(), in, off, &n) : write_through(file.fd.get(), in, off, &n);
+    if (!err) view.wrote_to(off + n);
+  }
   engine.window().landed(engine.inodes().share(node), size, err ? 0 : n, off);
   if (err) {
     engine.events().lost(node, inode_of(req, node).fd(), err);
@@ -553,9 +668,20 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
 void op_flush(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   // Closing a duplicate makes NFS write back and report errors, as close(2) would, and keeps
   // the descriptor the kernel releases later. A failed injected sync is reported here too.
-  int dup = ::dup(borrow<OpenFile>(fi).fd.get());
+  int fd = borrow<OpenFile>(fi).fd.get();
+  uint64_t since = KernelView::now();
+  int dup = ::dup(fd);
   if (dup < 0) return (void)answer(fuse_reply_err, req, failed());
   int err = ::close(dup) == 0 ? 0 : failed();
+  if (KernelView* view = view_of(engine_of(req), inode_of(req, node)); view && view->mtime_unknown()) {
+    // Every page the kernel cached of it reached the target before this flush: learn the
+    // mtime our writes left, so that a later change by another writer that keeps the size is
+    // still told apart. From the target client's cache (a GETATTR per file written on NFS
+    // otherwise); a stale one only renews the file in the kernel once more than needed.
+    struct statx sx {};
+    if (::statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_MTIME, &sx) == 0)
+      view->learn_mtime(sx.stx_mtime.tv_sec * 1000000000LL + sx.stx_mtime.tv_nsec, since);
+  }
   int pending = engine_of(req).window().take_error(inode_of(req, node));
   answer(fuse_reply_err, req, err != 0 ? err : pending);
 }
@@ -563,6 +689,7 @@ void op_flush(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
 void op_release(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   // The last close of a dirty file makes it due for a sync, through this descriptor.
   Engine& engine = engine_of(req);
+  if (KernelView* view = view_of(engine, inode_of(req, node))) view->closed();
   engine.window().released(engine.inodes().share(node), std::move(take_back<OpenFile>(fi)->fd));
   answer(fuse_reply_err, req, 0);
 }
@@ -584,10 +711,16 @@ void op_fallocate(fuse_req_t req, fuse_ino_t node, int mode, off_t off, off_t le
                   fuse_file_info* fi) {
   if (refused(req)) return;
   become_caller();
-  int rc = ::fallocate(borrow<OpenFile>(fi).fd.get(), mode, off, length);
+  int err;
+  {
+    KernelView& view = inode_of(req, node).view;
+    KernelView::Change change(view);
+    err = ::fallocate(borrow<OpenFile>(fi).fd.get(), mode, off, length) == 0 ? 0 : failed();
+    view.forget_facts();
+  }
   // It owes the file a sync but holds no page: counted as one byte.
-  if (rc == 0) engine_of(req).window().landed(engine_of(req).inodes().share(node), 0, 1, off);
-  answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
+  if (err == 0) engine_of(req).window().landed(engine_of(req).inodes().share(node), 0, 1, off);
+  answer(fuse_reply_err, req, err);
 }
 
 // --- directories ------------------------------------------------------------------------------
@@ -701,6 +834,13 @@ bool with_handle(const T&) {
 }
 inline bool with_handle(const fuse_file_info* fi) { return fi != nullptr; }
 
+// The first node id among a request's arguments (see Call::node).
+inline void first_node(fuse_ino_t& node, fuse_ino_t arg) {
+  if (node == 0) node = arg;
+}
+template <typename T>
+void first_node(fuse_ino_t&, const T&) {}
+
 // Every request is counted by kind before its handler runs, and its thread is the daemon's
 // again after it: the one place all of them pass.
 template <ft_engine_op Op, auto Handler>
@@ -723,6 +863,8 @@ struct Counted<Op, Handler> {
     call.gid = ctx->gid;
     call.pid.store(ctx->pid);
     call.unanswered.store(req);
+    call.node = 0;
+    if constexpr (Op != FT_OP_FORGET) (first_node(call.node, args), ...);
     call.engine->count(Op);
     if constexpr (kInterruptible) {
       constexpr bool kMayCarryHandle = Op == FT_OP_GETATTR || Op == FT_OP_SETATTR;

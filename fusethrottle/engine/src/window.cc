@@ -179,6 +179,11 @@ void Window::forgotten(const std::shared_ptr<Inode>& inode) {
   wake_flusher_by(now_seconds());
 }
 
+bool Window::busy(const Inode& inode) {
+  std::lock_guard<std::mutex> guard(lock_);
+  return inode.ledger.opens > 0 || inode.ledger.owes();
+}
+
 bool Window::let_go(Inode& inode) {
   std::vector<std::shared_ptr<Inode>> gone;
   std::vector<Fd> fds;  // closed after the lock, before the removal

@@ -120,6 +120,8 @@ class Window {
   // descriptor is closed (see removal.h). False (nothing changed) while it is open or a sync
   // of it is under way.
   bool let_go(Inode& inode);
+  // Whether *inode* is open or owes a sync: its name is better kept in the kernel (relief.h).
+  bool busy(const Inode& inode);
 
   // --- the application's own fsync ---
   uint64_t begin_app_sync(Inode& inode);

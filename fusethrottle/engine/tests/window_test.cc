@@ -1,5 +1,6 @@
 // The window's rules without a mount: what is due for an fsync and why, what a failed sync
-// leaves, and that the gate holds a write until a sync makes room. `make test` runs it.
+// leaves, and that the gate holds a write until a sync makes room; and when the kernel's view
+// of a file is renewed after another writer changed it. `make test` runs it.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "../src/inode.h"
+#include "../src/kernel_view.h"
 #include "../src/window.h"
 
 namespace {
@@ -27,7 +29,7 @@ int failures = 0;
 constexpr uint64_t MiB = 1ull << 20;
 
 std::shared_ptr<ft::Inode> file(ino_t ino) {
-  return std::make_shared<ft::Inode>(ft::Fd(), ft::InodeKey{1, ino}, S_IFREG);
+  return std::make_shared<ft::Inode>(ft::Fd(), ft::InodeKey{1, ino}, S_IFREG, std::string());
 }
 
 ft::WindowParams params() {
@@ -198,6 +200,68 @@ void test_a_file_about_to_be_removed_is_let_go_of_unless_open_or_syncing() {
   w.end_sync(jobs[0], 0);
 }
 
+struct stat sized(off_t size, int64_t mtime_s) {
+  struct stat st {};
+  st.st_mode = S_IFREG | 0644;
+  st.st_size = size;
+  st.st_mtim.tv_sec = mtime_s;
+  return st;
+}
+
+void test_another_writers_change_renews_the_kernels_inode_only_when_nobody_has_it_open() {
+  ft::KernelView view;
+  uint64_t first = view.looked_up(sized(100, 1), ft::KernelView::now());
+  CHECK(view.looked_up(sized(100, 1), ft::KernelView::now()) == first);  // unchanged
+  // Shrunk on the target by another writer: a new generation, the kernel drops its size.
+  uint64_t renewed = view.looked_up(sized(10, 2), ft::KernelView::now());
+  CHECK(renewed != first);
+  // Changed again while open through the mount: the kernel keeps its own until the last
+  // close; the open sees the change, and that it is not alone.
+  view.opening();
+  view.opening();
+  CHECK(view.looked_up(sized(5, 3), ft::KernelView::now()) == renewed);
+  ft::KernelView::AtOpen at = view.opened(sized(5, 3), ft::KernelView::now());
+  CHECK(at.changed && !at.alone);
+  view.closed();
+  view.closed();
+  CHECK(view.looked_up(sized(5, 3), ft::KernelView::now()) != renewed);
+}
+
+void test_the_mounts_own_writes_are_not_taken_for_another_writers() {
+  ft::KernelView view;
+  uint64_t shown = view.looked_up(sized(100, 1), ft::KernelView::now());
+  uint64_t since = ft::KernelView::now();
+  {
+    ft::KernelView::Change write(view);
+    // A lookup racing our write: its stat may show either: nothing is learnt from it.
+    CHECK(view.looked_up(sized(150, 2), since) == shown);
+    view.wrote_to(200);
+  }
+  CHECK(view.looked_up(sized(150, 2), since) == shown);  // taken before the write ended
+  CHECK(view.mtime_unknown());
+  // The kernel's size grew with the write; the mtime it left is learnt at the flush.
+  view.learn_mtime(2'000'000'000, ft::KernelView::now());
+  CHECK(!view.mtime_unknown());
+  CHECK(view.looked_up(sized(200, 2), ft::KernelView::now()) == shown);
+  // Rewritten in place by another writer, same size: the mtime tells.
+  CHECK(view.looked_up(sized(200, 3), ft::KernelView::now()) != shown);
+  // A truncate of ours: the kernel takes its size; the mtime read is ours unless another
+  // change of ours came meanwhile.
+  uint64_t now = view.generation();
+  {
+    ft::KernelView::Change truncate(view);
+    view.set(sized(0, 4), true, truncate);
+  }
+  CHECK(!view.mtime_unknown());
+  CHECK(view.looked_up(sized(0, 4), ft::KernelView::now()) == now);
+  {
+    ft::KernelView::Change truncate(view);
+    ft::KernelView::Change write(view);
+    view.set(sized(0, 5), true, truncate);
+  }
+  CHECK(view.mtime_unknown());
+}
+
 int main() {
   test_pure_rules();
   test_a_file_is_due_at_its_batch_on_release_and_by_age();
@@ -207,6 +271,8 @@ int main() {
   test_the_gate_holds_a_write_until_a_sync_makes_room();
   test_a_forgotten_file_is_synced_even_without_injection();
   test_a_file_about_to_be_removed_is_let_go_of_unless_open_or_syncing();
+  test_another_writers_change_renews_the_kernels_inode_only_when_nobody_has_it_open();
+  test_the_mounts_own_writes_are_not_taken_for_another_writers();
   if (failures != 0) {
     std::fprintf(stderr, "window_test: %d check(s) failed\n", failures);
     return 1;

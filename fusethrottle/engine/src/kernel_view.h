@@ -1,0 +1,93 @@
+// What the kernel was shown of a regular file, to tell a change another writer made on the
+// target (another host on the same export, an operator in the source directory) from the
+// mount's own.
+//
+// With the writeback cache the kernel keeps the size and mtime of a cached regular file itself
+// and ignores the ones the daemon sends, even with attr_timeout=0: a file truncated, extended
+// or rewritten on the target would show its old size and pages through the mount for as long
+// as the kernel caches the inode. An entry with a new generation makes the kernel drop that
+// inode at the lookup and build a new one from the target's attributes (the node id stays; the
+// lookups of both count on it). Only for a file nobody has open through the mount: I/O on a
+// dropped inode fails (EIO), and an open file's size and pages are the kernel's until its last
+// close, as on NFS (close-to-open).
+#pragma once
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+namespace ft {
+
+class KernelView {
+ public:
+  // Where the mount's own changes of files stand (a clock over every file): taken before a
+  // stat that is compared with what the kernel was shown, since a change of ours landing after
+  // it makes the stat older than the kernel's own view.
+  static uint64_t now() { return clock_.load(std::memory_order_acquire); }
+
+  // A lookup found the file with *st*, stat taken after *since*: the generation its entry
+  // carries, a new one if the file changed on the target since the kernel was shown it and
+  // nobody has it open.
+  uint64_t looked_up(const struct stat& st, uint64_t since);
+  // The entry of a file this mount just made or linked: shown as it is.
+  uint64_t made(const struct stat& st, uint64_t since);
+  uint64_t generation() const;
+
+  // Opens through the mount, counted from before the target's open (a lookup meanwhile must
+  // not drop the inode the open is for) to the release.
+  void opening();
+  void closed();
+  // An open of the file found it with *st* (stat taken after *since*): whether it changed on
+  // the target since the kernel was shown it, and whether this open is the only one.
+  struct AtOpen {
+    bool changed = false;
+    bool alone = false;
+  };
+  AtOpen opened(const struct stat& st, uint64_t since) const;
+  // Opened with O_TRUNC: the kernel knows the size it made.
+  void truncated();
+
+  // One change of ours to the file's data or size on the target, from before it starts to
+  // after it ended: a stat taken meanwhile says nothing of others.
+  class Change {
+   public:
+    explicit Change(KernelView& view);
+    ~Change();
+    Change(const Change&) = delete;
+    Change& operator=(const Change&) = delete;
+
+   private:
+    friend class KernelView;
+    KernelView& view_;
+    uint64_t since_;  // the clock when it began
+  };
+  // A write of ours ended at *end*: the kernel's size grew with it, the mtime moved.
+  void wrote_to(int64_t end);
+  // A setattr of ours (*mine*, still under way) left *st*; *sized*: it set the size.
+  void set(const struct stat& st, bool sized, const Change& mine);
+  // Something of ours moved the size and mtime to values not known here (fallocate).
+  void forget_facts();
+  // Whether the mtime our writes left is still to be learnt (see learn_mtime).
+  bool mtime_unknown() const;
+  // The mtime the target shows once every cached page reached it (a flush), read after
+  // *since*: a later change by another writer that keeps the size is still told apart.
+  void learn_mtime(int64_t mtime_ns, uint64_t since);
+
+ private:
+  bool written_since(uint64_t since) const { return in_flight_ > 0 || last_change_ > since; }
+  bool changed(const struct stat& st) const;
+  void show(const struct stat& st);
+
+  static std::atomic<uint64_t> clock_;
+  mutable std::mutex lock_;
+  uint64_t generation_ = 0;
+  int64_t size_ = -1;   // what the kernel holds as its size; -1: not known
+  int64_t mtime_ = -1;  // the target's mtime when the kernel was shown it; -1: not known
+  uint64_t last_change_ = 0;  // the clock when our last change of it ended
+  int in_flight_ = 0;         // changes of ours under way
+  int opens_ = 0;
+};
+
+}  // namespace ft
