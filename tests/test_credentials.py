@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from conftest import MakeMount
-from mount_util import status_json
+from mount_util import ENGINE, status_json
 
 from fusethrottle.target.credentials import (
     GROUPS_TTL,
@@ -357,6 +357,59 @@ def test_as_the_daemon_the_squashed_backup_fails(
     result = back_up(mnt.mountpoint / "pg", BACKUP_USER)
     assert result.get("error") == errno.EACCES
     assert os.listdir(squashed_target / "pg") == []
+
+
+@pytest.mark.mount
+@needs_switching
+def test_what_posix_allows_a_caller_who_is_not_the_owner_works_through_the_mount(
+    make_mount: MakeMount,
+) -> None:
+    """Anyone who may write a file may set its times to now (touch), as on the target itself.
+    (pjdfstest's utimensat/06.t caught the native engine refusing it: with the writeback cache
+    a touch reaches the daemon as explicit times, which the target lets only the owner set.)"""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is needed")
+    mnt = make_mount(options=("allow_other",))
+    assert mnt.source is not None
+    shared = mnt.mountpoint / "shared"
+    shared.write_bytes(b"x")
+    shared.chmod(0o666)
+    os.utime(shared, ns=(10**18, 10**18))  # 2001: a touch must move it
+    touched = subprocess.run(
+        [*as_user(OTHER_USER), "touch", str(shared)], capture_output=True, text=True, check=False
+    )
+    assert touched.returncode == 0, touched.stderr
+    assert (mnt.source / "shared").stat().st_mtime_ns > 10**18
+    shared.chmod(0o644)  # who may not write it may not touch it either
+    refused = subprocess.run(
+        [*as_user(OTHER_USER), "touch", str(shared)], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode != 0
+
+
+@pytest.mark.mount
+@needs_switching
+@pytest.mark.skipif(
+    ENGINE != "native",
+    reason="the Python data plane looks every entry up while listing, which needs search "
+    "permission (it is being replaced by the engine, which lists without)",
+)
+def test_the_owner_lists_a_directory_it_may_read_but_not_search(make_mount: MakeMount) -> None:
+    """As on the target: opening "." of the directory would need search permission, listing
+    does not (pjdfstest's open/06.t)."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is needed")
+    mnt = make_mount(options=("allow_other",))
+    listed_dir = mnt.mountpoint / "listed"
+    listed_dir.mkdir()
+    (listed_dir / "entry").write_bytes(b"")
+    os.chown(listed_dir, OTHER_USER, OTHER_USER)
+    listed_dir.chmod(0o600)
+    listed = subprocess.run(
+        [*as_user(OTHER_USER), "ls", str(listed_dir)], capture_output=True, text=True, check=False
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == ["entry"]
 
 
 def file_capability() -> bytes:

@@ -96,6 +96,8 @@ void become_caller() {
   me.known = true;
 }
 
+bool as_caller() { return current.known && current.uid != 0; }
+
 void stop_being_caller() {
   ThreadCaller& me = current;
   if (!me.known || me.uid == 0) return;

@@ -18,6 +18,9 @@ void become_caller();
 // its own queue (clone_fd), and would serve as that caller what should run as the daemon.
 void stop_being_caller();
 
+// Whether this thread runs as a caller other than the daemon now.
+bool as_caller();
+
 // Whether become_caller switches anything (decided once, at start).
 void set_switch_credentials(bool on);
 
