@@ -47,7 +47,6 @@ def test_an_unknown_engine_is_refused() -> None:
         "metered_limit=10M",
         "ops_limit=100",
         "throttle_reads=yes",
-        "permissions=target",
         "target_io=direct",
         "budget=redis://localhost:6379/b",
     ],

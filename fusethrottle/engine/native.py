@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 #: Must match FT_ENGINE_ABI of the library.
-ABI = 5
+ABI = 6
 LIBRARY = Path(__file__).with_name("libfusethrottle_engine.so")
 LIBRARY_ENV = "FUSETHROTTLE_ENGINE_LIBRARY"
 _ERROR_SIZE = 512
@@ -55,6 +55,7 @@ OPERATIONS = (
     "removexattr",
     "create",
     "fallocate",
+    "access",
 )
 
 
@@ -79,6 +80,7 @@ class _Config(ctypes.Structure):
         ("drop_synced", ctypes.c_int),
         ("sync_threads", ctypes.c_uint),
         ("killpriv_v2", ctypes.c_int),
+        ("target_decides", ctypes.c_int),
     )
 
 
@@ -154,6 +156,9 @@ class EngineConfig:
     sync_threads: int = 4
     #: Ask for FUSE_HANDLE_KILLPRIV_V2: only where writes reach the target as their caller.
     killpriv_v2: bool = False
+    #: permissions=target: the target decides every call as its caller (no default_permissions,
+    #: no name cached: a path walk must not pass a directory without asking it).
+    target_decides: bool = False
 
 
 @dataclass(frozen=True)
@@ -269,7 +274,7 @@ class NativeEngine:
             config.mountpoint.encode(),
             ",".join(config.fuse_options).encode(),
             int(config.writeback_cache),
-            config.attr_timeout,
+            0.0 if config.target_decides else config.attr_timeout,
             config.attr_timeout,
             config.max_threads,
             int(config.switch_credentials),
@@ -284,6 +289,7 @@ class NativeEngine:
             int(config.drop_synced),
             config.sync_threads,
             int(config.killpriv_v2),
+            int(config.target_decides),
         )
         error = ctypes.create_string_buffer(_ERROR_SIZE)
         handle = lib.ft_engine_mount(ctypes.byref(raw), error, _ERROR_SIZE)

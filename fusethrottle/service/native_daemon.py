@@ -83,6 +83,7 @@ def engine_config(config: Config) -> EngineConfig:
         # The target removes set-ID bits itself only when it sees the writer: calls made as the
         # caller, or a mount nobody but the daemon's user writes to.
         killpriv_v2=switching or not config.allow_other,
+        target_decides=config.permissions == "target",
     )
 
 

@@ -136,7 +136,6 @@ NATIVE_UNSUPPORTED: dict[str, object] = {
     "metered_limit": 0.0,
     "ops_limit": 0.0,
     "throttle_reads": False,
-    "permissions": "kernel",
     "target_io": "auto",
 }
 #: Whom calls to the target run as (credentials.py): the process that asked, or the daemon.

@@ -38,7 +38,8 @@ int Engine::mount(std::string& error) {
   std::vector<char*> argv;
   for (auto& w : words) argv.push_back(w.data());
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
-  session_.reset(fuse_session_new(&args, &operations(options_.xattrs), sizeof(fuse_lowlevel_ops), this));
+  session_.reset(fuse_session_new(&args, &operations(options_.xattrs, options_.target_decides),
+                                  sizeof(fuse_lowlevel_ops), this));
   fuse_opt_free_args(&args);
   if (!session_) {
     error = "the FUSE session could not be made (options: " + options_.fuse_options + ")";
@@ -123,6 +124,7 @@ ft_engine* ft_engine_mount(const ft_engine_config* config, char* error, size_t e
   options.switch_credentials = config->switch_credentials != 0;
   options.xattrs = config->xattrs != 0;
   options.killpriv_v2 = config->killpriv_v2 != 0;
+  options.target_decides = config->target_decides != 0;
   options.window.enforce = config->enforce != 0;
   options.window.inject = config->inject != 0;
   options.window.window = config->window;

@@ -29,6 +29,7 @@ struct Options {
   bool switch_credentials = false;
   bool xattrs = true;
   bool killpriv_v2 = false;
+  bool target_decides = false;  // permissions=target (fusethrottle_engine.h)
   WindowParams window;
   unsigned sync_threads = 4;
 };
@@ -92,6 +93,6 @@ class Engine {
 };
 
 // The low-level operations (ops.cc).
-const fuse_lowlevel_ops& operations(bool xattrs);
+const fuse_lowlevel_ops& operations(bool xattrs, bool target_decides);
 
 }  // namespace ft

@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a structure or call below changes: Python refuses a library of another. */
-#define FT_ENGINE_ABI 5
+#define FT_ENGINE_ABI 6
 
 struct ft_engine_config {
   const char *source;       /* the backing directory */
@@ -35,6 +35,9 @@ struct ft_engine_config {
   unsigned sync_threads;    /* fsyncs running at once at most */
   int killpriv_v2;          /* ask the kernel to leave set-ID removal to the target (only
                              * where writes reach it as their caller) */
+  int target_decides;       /* permissions=target: the kernel checks nothing (no
+                             * default_permissions), the target decides every call as its
+                             * caller, nothing it refuses is made as the daemon */
 };
 
 /* The requests the engine serves, in the order of ft_engine_stats.operations (native.py
@@ -45,7 +48,7 @@ enum ft_engine_op {
   FT_OP_READ, FT_OP_WRITE, FT_OP_FLUSH, FT_OP_RELEASE, FT_OP_FSYNC, FT_OP_OPENDIR,
   FT_OP_READDIR, FT_OP_READDIRPLUS, FT_OP_RELEASEDIR, FT_OP_FSYNCDIR, FT_OP_STATFS,
   FT_OP_SETXATTR, FT_OP_GETXATTR, FT_OP_LISTXATTR, FT_OP_REMOVEXATTR, FT_OP_CREATE,
-  FT_OP_FALLOCATE,
+  FT_OP_FALLOCATE, FT_OP_ACCESS,
   FT_OP_COUNT
 };
 

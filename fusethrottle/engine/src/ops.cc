@@ -409,7 +409,7 @@ void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, 
   {
     KernelView::Change change(inode.view);
     int err = set_attributes(inode, *attr, to_set, fi);
-    if (err == EPERM && as_caller()) {
+    if (err == EPERM && as_caller() && !engine_of(req).options().target_decides) {
       // A setattr reaches the engine only past the kernel's own checks (default_permissions),
       // or from the kernel itself: with the writeback cache a touch by anyone who may write
       // the file arrives as explicit times (the kernel's clock for the mtime), which the
@@ -427,6 +427,17 @@ void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, 
     inode.view.set(now, (to_set & FUSE_SET_ATTR_SIZE) != 0, change);
   }
   answer(fuse_reply_attr, req, &now, engine_of(req).options().attr_timeout);
+}
+
+// access(2) and chdir with permissions=target (the kernel asks only then): the target's
+// answer to the caller (AT_EACCESS: with the file-system ids the thread runs as).
+void op_access(fuse_req_t req, fuse_ino_t node, int mask) {
+  become_caller();
+  Using use(engine_of(req).inodes().share(node));
+  if (let_go_of(req, use)) return;
+  std::string path = proc_path(inode_of(req, node).fd());
+  int rc = ::faccessat(AT_FDCWD, path.c_str(), mask, AT_EACCESS);
+  answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
 }
 
 void op_readlink(fuse_req_t req, fuse_ino_t node) {
@@ -891,7 +902,7 @@ struct Counted<Op, Handler> {
   }
 };
 
-fuse_lowlevel_ops make_operations(bool xattrs) {
+fuse_lowlevel_ops make_operations(bool xattrs, bool target_decides) {
   fuse_lowlevel_ops ops{};
   ops.init = op_init;
   ops.lookup = Counted<FT_OP_LOOKUP, op_lookup>::serve;
@@ -929,6 +940,8 @@ fuse_lowlevel_ops make_operations(bool xattrs) {
   }
   ops.create = Counted<FT_OP_CREATE, op_create>::serve;
   ops.fallocate = Counted<FT_OP_FALLOCATE, op_fallocate>::serve;
+  // With default_permissions the kernel answers access(2) itself and never asks.
+  if (target_decides) ops.access = Counted<FT_OP_ACCESS, op_access>::serve;
   // No lseek: with the writeback cache, data not yet written back would read as a hole
   // (ENXIO). The kernel answers SEEK_DATA/SEEK_HOLE itself, as for the Python data plane. No
   // copy_file_range either: the kernel copies through read and write, each one metered.
@@ -937,10 +950,12 @@ fuse_lowlevel_ops make_operations(bool xattrs) {
 
 }  // namespace
 
-const fuse_lowlevel_ops& operations(bool xattrs) {
-  static const fuse_lowlevel_ops with = make_operations(true);
-  static const fuse_lowlevel_ops without = make_operations(false);
-  return xattrs ? with : without;
+const fuse_lowlevel_ops& operations(bool xattrs, bool target_decides) {
+  static const fuse_lowlevel_ops table[2][2] = {
+      {make_operations(false, false), make_operations(false, true)},
+      {make_operations(true, false), make_operations(true, true)},
+  };
+  return table[xattrs ? 1 : 0][target_decides ? 1 : 0];
 }
 
 }  // namespace ft
