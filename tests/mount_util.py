@@ -41,6 +41,7 @@ FSTYPE = "fuse.fusethrottle"
 # The NFS lab's VM (FTLAB=1) may run without KVM, many times slower, beside other VMs.
 START_TIMEOUT = 120.0 if os.environ.get("FTLAB") == "1" else 30.0
 STOP_TIMEOUT = 60.0
+UNMOUNT_TRIES = 10  # fusermount3 -u, half a second apart, while the kernel says busy
 WATCHDOG = 240.0  # no test keeps one mount this long: past it the mount is hung
 
 
@@ -119,7 +120,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
 
 
 def fusermount_unmount(path: str | Path, lazy: bool = False) -> subprocess.CompletedProcess[str]:
-    args = ["fusermount3", "-u", "-z" if lazy else "-q", str(path)]
+    args = ["fusermount3", "-u", *(["-z"] if lazy else []), str(path)]  # (its reason kept)
     return subprocess.run(args, capture_output=True, text=True, timeout=STOP_TIMEOUT, check=False)
 
 
@@ -206,7 +207,10 @@ class Daemon:
             lines.append("not unmounted by the test (it was not mounted any more)")
         else:
             said = (unmount.stderr or "").strip() or "nothing"
-            lines.append(f"fusermount3 -u: exit {unmount.returncode}, said {said}")
+            lines.append(
+                f"fusermount3 -u (the last of up to {UNMOUNT_TRIES} tries): exit "
+                f"{unmount.returncode}, said {said}"
+            )
         lines.append(f"still mounted: {self.is_mounted()}")
         for task in sorted(Path(f"/proc/{self.pid}/task").glob("*")):
             name = wchan = stack = "?"
@@ -231,6 +235,13 @@ class Daemon:
         unmount: subprocess.CompletedProcess[str] | None = None
         if self.is_mounted() and self.proc.poll() is None:
             unmount = fusermount_unmount(self.mountpoint)
+            for _ in range(UNMOUNT_TRIES - 1):
+                # Refused (busy) for a moment right after the test's last close: the daemon
+                # would then wait for an unmount that never came (seen under the sanitizers).
+                if unmount.returncode == 0 or not self.is_mounted():
+                    break
+                time.sleep(0.5)
+                unmount = fusermount_unmount(self.mountpoint)
         code = self.wait(STOP_TIMEOUT if self.proc.poll() is None else 0)
         if code is None:
             self._note_why_it_stays(unmount)
