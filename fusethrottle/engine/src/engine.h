@@ -58,7 +58,6 @@ class Engine {
   bool writeback_cache() const { return writeback_cache_.load(); }
   void set_writeback_cache(bool on) { writeback_cache_.store(on); }
   size_t known_files() { return inodes_.size(); }
-  uint64_t names_dropped() const { return relief_.asked(); }
   SessionIo& session_io() { return io_; }
 
   // Every request is counted by kind as it arrives (ops.cc: counted).

@@ -72,7 +72,6 @@ class Inode : public std::enable_shared_from_this<Inode> {
     if (!handle.empty() && !handle_.empty()) return handle == handle_;
     return (type & S_IFMT) == type_;
   }
-  const std::string& handle() const { return handle_; }
 
   // The target answered ESTALE to a call through it (another host removed or replaced the
   // object): a lookup that finds it again under a name has the target's client look the name

@@ -17,7 +17,6 @@
 
 #include <fuse_lowlevel.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>
@@ -45,8 +44,6 @@ class Relief {
 
   // Start watching the table of the mount *session* serves, within *bounds*.
   void start(fuse_session* session, ReliefBounds bounds);
-  // Names the kernel was asked to drop so far.
-  uint64_t asked() const { return asked_.load(std::memory_order_relaxed); }
 
  private:
   void run();
@@ -61,7 +58,6 @@ class Relief {
   bool full_ = false;
   bool stopping_ = false;
   std::thread thread_;
-  std::atomic<uint64_t> asked_{0};
 };
 
 }  // namespace ft
