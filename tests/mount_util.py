@@ -37,6 +37,9 @@ FUSETHROTTLE = os.environ.get("FUSETHROTTLE_BIN") or str(
 MEMFS = str(Path(__file__).with_name("memfs.py"))
 #: engine=native for every mount the tests start (the native engine's run of the suite).
 ENGINE = os.environ.get("FUSETHROTTLE_TEST_ENGINE", "")
+#: A trio task that lives as long as the mount, as the task tree names it: the Python data
+#: plane's flusher, or the native daemon's controller loop.
+LIFELONG_TASK = "NativeDaemon._control" if ENGINE == "native" else "Flusher.run"
 FSTYPE = "fuse.fusethrottle"
 # The NFS lab's VM (FTLAB=1) may run without KVM, many times slower, beside other VMs.
 START_TIMEOUT = 120.0 if os.environ.get("FTLAB") == "1" else 30.0

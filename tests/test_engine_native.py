@@ -9,6 +9,7 @@ FUSETHROTTLE_TEST_ENGINE=native (scripts/test names the files it passes so far).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -21,8 +22,15 @@ from conftest import MakeMount
 from mount_util import FUSETHROTTLE, status_json, wait_for
 
 from fusethrottle.engine.native import LIBRARY_ENV, EngineStats, library_path
-from fusethrottle.observability.native_status import FsyncLog, format_native_status, native_status
+from fusethrottle.metering.meter import ClassTotals
+from fusethrottle.observability.metrics import Recorder, families
+from fusethrottle.observability.metrics.definitions import ADMISSION_BUCKETS
+from fusethrottle.observability.metrics.engine_snapshot import EngineView, engine_snapshot
+from fusethrottle.observability.metrics.snapshot import RateHistory
+from fusethrottle.observability.status_view import format_status
+from fusethrottle.service.memory_cgroup import OwnMemoryCgroup
 from fusethrottle.service.options import NATIVE_UNSUPPORTED, OptionError, parse_options
+from fusethrottle.service.placement import Placement
 from fusethrottle.window.controller import make_controller
 
 needs_engine = pytest.mark.skipif(
@@ -40,17 +48,7 @@ def test_an_unknown_engine_is_refused() -> None:
         parse_options(["engine=rust"])
 
 
-@pytest.mark.parametrize(
-    "option",
-    [
-        "metrics=9100",
-        "metered_limit=10M",
-        "ops_limit=100",
-        "throttle_reads=yes",
-        "target_io=direct",
-        "budget=redis://localhost:6379/b",
-    ],
-)
+@pytest.mark.parametrize("option", ["target_io=direct", "budget=redis://localhost:6379/b"])
 def test_what_the_native_engine_does_not_serve_yet_is_refused_not_ignored(option: str) -> None:
     key = option.partition("=")[0]
     assert key in NATIVE_UNSUPPORTED
@@ -59,57 +57,92 @@ def test_what_the_native_engine_does_not_serve_yet_is_refused_not_ignored(option
     parse_options([option])  # the Python data plane takes it
 
 
-def test_a_native_mounts_status_says_what_the_engine_counted() -> None:
+def _native_snapshot(stats: EngineStats, errors: list[tuple[str, int, int]]) -> dict[str, Any]:
     config = parse_options(
-        ["engine=native", "mode=static", "window=64M"], source="/src", mountpoint="/mnt"
+        ["engine=native", "mode=static", "window=64M", "metered_limit=10M"],
+        source="/src",
+        mountpoint="/mnt",
     )
+    cgroup = OwnMemoryCgroup(1 << 30)
+    cgroup.reason = "memory_cgroup=off"
+    fsyncs = Recorder()
+    fsyncs.fsync("batch", 0.5, 8 << 20, None)
+    fsyncs.fsync("release", 2.0, 1 << 20, None)
+    fsyncs.fsync("batch", 9.0, 4 << 20, errno.EIO)
+    view = EngineView(stats, errors, make_controller(config), 64 << 20, 16 << 20)
+    snap = engine_snapshot(
+        config,
+        Placement(cgroup, None, config),
+        view,
+        fsyncs,
+        RateHistory(0.5, 10.0),
+        started=0.0,
+        now=1.0,
+        sample=True,
+    )
+    # The same series as the Python data plane's.
+    exposed = {
+        (x.name, x.labels.get("class")): x.value for m in families(snap, 0.0) for x in m.samples
+    }
+    metered = stats.meter.get("data_write")
+    assert exposed[("fusethrottle_metered_bytes_total", "data_write")] == (
+        metered.metered_bytes if metered else 0
+    )
+    return json.loads(json.dumps(snap.to_json()))
+
+
+def test_a_native_mounts_status_is_the_same_picture_of_what_the_engine_counted() -> None:
+    bounds = len(ADMISSION_BUCKETS) + 1
     stats = EngineStats(
         known_files=7,
         writeback_cache=True,
         written_bytes=900 << 20,
         window_bytes=48 << 20,
         unsynced_bytes=24 << 20,
-        unsynced_high=50 << 20,
         dirty_files=2,
         oldest_age=1.5,
         fsyncs=30,
         fsync_errors=1,
         throttled_writes=5,
         killpriv_v2=True,
-        operations={"lookup": 40, "write": 900, "getxattr": 7},
+        operations={"lookup": 40, "write": 900, "getxattr": 7, "forget": 3},
+        meter={
+            "data_read": ClassTotals(3, 3 << 10, 32 << 10, 3),
+            "data_write": ClassTotals(900, 900 << 20, 900 << 20, 4500),
+            "meta_read": ClassTotals(47, 0, 47 << 12, 47),
+            "meta_write": ClassTotals(),
+        },
+        ceiling_delayed=12,
+        ceiling_delay_seconds=3.5,
+        admission_waits=(0, 0, 4, *([0] * (bounds - 4)), 1),
+        open_handles=2,
+        relief_high=15000,
+        names_dropped=9,
+        page_cache_drops=30,
     )
-    fsyncs = FsyncLog()
-    fsyncs.add(at=100.0, seconds=0.5, reason="batch")
-    fsyncs.add(at=100.0, seconds=2.0, reason="release")
-    fsyncs.add(at=-500.0, seconds=9.0, reason="batch")  # older than the recent span
-    answer = native_status(
-        config, 0.0, stats, make_controller(config), 64 << 20, 16 << 20, fsyncs, now=101.0
-    )
+    answer = _native_snapshot(stats, [("lookup", errno.ENOENT, 3), ("write", errno.ENOSPC, 1)])
     assert answer["engine"] == "native"
     assert answer["unsynced_bytes"] == 24 << 20
-    assert answer["controller"]["window"] == 64 << 20
-    assert answer["fsyncs_by_reason"] == {"batch": 2, "release": 1}
-    assert answer["fsync_recent"]["samples"] == 2
-    assert answer["fsync_recent"]["max"] == 2.0
-    assert answer["operations"] == {"lookup": 40, "write": 900, "getxattr": 7}
-    assert answer["capability_question"] == "once per file (FUSE_HANDLE_KILLPRIV_V2)"
-    text = format_native_status(json.loads(json.dumps(answer)), now=60.0)
-    assert "24.0 MiB of 48.0 MiB admitted to the target (50%), 2 file(s)" in text, text
-    assert "at most 50.0 MiB so far" in text, text
-    assert "5 throttled" in text, text
+    assert answer["read_bytes"] == 3 << 10
+    assert answer["target_operations"] == {"lookup": 40, "write": 900, "getxattr": 7}
+    assert answer["target_errors"] == [["lookup", "ENOENT", 3], ["write", "ENOSPC", 1]]
+    assert answer["admission_wait"]["counts"][2] == 4
+    text = format_status(answer, now=60.0)
+    assert "mode static, native engine" in text, text
+    assert "24.0 MiB of 64.0 MiB window (38%), 2 file(s)" in text, text
+    assert "5 throttled, p99 wait > 2m00s" in text, text
     assert "by reason: batch 2, release 1" in text, text
-    assert "947 served: write 900, lookup 40, getxattr 7" in text, text
-    no_xattrs = native_status(
-        config,
-        0.0,
-        EngineStats(known_files=0, writeback_cache=True, written_bytes=0, xattrs=False),
-        make_controller(config),
-        64 << 20,
-        0,
-        FsyncLog(),
-        now=1.0,
+    assert "data_write      900 ops   900.0 MiB   900.0 MiB metered     4.5k units" in text, text
+    assert "metered 10.0 MiB/s" in text and "12 request(s) delayed, 3.5 s in all" in text, text
+    assert "errors       lookup ENOENT x3, write ENOSPC x1" in text, text
+    assert "7 inodes held (bound 15000, 9 names handed back to the kernel), 2 open handles" in text
+    assert "30 synced range(s) dropped" in text, text
+    assert "security.capability asked once per file (FUSE_HANDLE_KILLPRIV_V2)" in text, text
+    no_xattrs = _native_snapshot(
+        EngineStats(known_files=0, writeback_cache=True, written_bytes=0, xattrs=False), []
     )
     assert no_xattrs["capability_question"] == "never (xattrs not served)"
+    assert "errors       none from the target" in format_status(no_xattrs, now=1.0)
 
 
 def _maps(pid: int) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import trio
-from mount_util import FUSETHROTTLE, command_for_other_users, wait_for
+from mount_util import FUSETHROTTLE, LIFELONG_TASK, command_for_other_users, wait_for
 
 from fusethrottle.metering.meter import Meter, profile_for
 from fusethrottle.observability import status, status_server
@@ -547,7 +547,7 @@ def test_status_of_a_live_mount(make_mount) -> None:
 
     tasks = _status(mnt, "--tasks")
     assert tasks.returncode == 0
-    assert "Flusher.run" in tasks.stdout and "thread " in tasks.stdout
+    assert LIFELONG_TASK in tasks.stdout and "thread " in tasks.stdout
 
 
 @pytest.mark.mount

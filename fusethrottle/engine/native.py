@@ -12,8 +12,19 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..metering.meter import (
+    NEVER_WAIT,
+    PROFILES,
+    UNMETERED,
+    Charge,
+    ClassTotals,
+    MeterProfile,
+    OpClass,
+    op_class,
+)
+
 #: Must match FT_ENGINE_ABI of the library.
-ABI = 6
+ABI = 7
 LIBRARY = Path(__file__).with_name("libfusethrottle_engine.so")
 LIBRARY_ENV = "FUSETHROTTLE_ENGINE_LIBRARY"
 _ERROR_SIZE = 512
@@ -59,6 +70,70 @@ OPERATIONS = (
 )
 
 
+#: FT_METER_* by class; FT_METER_NO_WAIT is the flag of kinds that never wait at a ceiling.
+METER_CLASSES = {
+    OpClass.DATA_READ: 1,
+    OpClass.DATA_WRITE: 2,
+    OpClass.META_READ: 3,
+    OpClass.META_WRITE: 4,
+}
+_METER_NO_WAIT = 0x80
+#: The length of the gate's histogram bounds (FT_ADMISSION_BOUNDS).
+ADMISSION_BOUNDS = 16
+
+
+def meter_classes() -> tuple[int, ...]:
+    """The meter class of each request kind, in OPERATIONS' order, from meter.py's table."""
+    out = []
+    for op in OPERATIONS:
+        code = 0 if op in UNMETERED else METER_CLASSES[op_class(op)]
+        out.append(code | (_METER_NO_WAIT if op in NEVER_WAIT else 0))
+    return tuple(out)
+
+
+class _Meter(ctypes.Structure):
+    _fields_ = (
+        ("data_min", ctypes.c_uint64),
+        ("meta_min", ctypes.c_uint64),
+        ("granule", ctypes.c_uint64),
+        ("read_factor", ctypes.c_double),
+        ("read_units", ctypes.c_uint32),
+        ("write_units", ctypes.c_uint32),
+        ("classes", ctypes.c_uint8 * len(OPERATIONS)),
+        ("metered_limit", ctypes.c_double),
+        ("ops_limit", ctypes.c_double),
+        ("throttle_reads", ctypes.c_int),
+    )
+
+
+def _meter(profile: MeterProfile, metered_limit: float, ops_limit: float, reads: bool) -> _Meter:
+    return _Meter(
+        profile.data_min,
+        profile.meta_min,
+        profile.granule,
+        profile.read_factor,
+        profile.read_units,
+        profile.write_units,
+        (ctypes.c_uint8 * len(OPERATIONS))(*meter_classes()),
+        metered_limit,
+        ops_limit,
+        int(reads),
+    )
+
+
+class _MeterTotals(ctypes.Structure):
+    _fields_ = (
+        ("ops", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("metered_bytes", ctypes.c_uint64),
+        ("units", ctypes.c_uint64),
+    )
+
+
+class _Error(ctypes.Structure):
+    _fields_ = (("op", ctypes.c_uint32), ("error", ctypes.c_int32), ("count", ctypes.c_uint64))
+
+
 class _Config(ctypes.Structure):
     _fields_ = (
         ("source", ctypes.c_char_p),
@@ -81,6 +156,8 @@ class _Config(ctypes.Structure):
         ("sync_threads", ctypes.c_uint),
         ("killpriv_v2", ctypes.c_int),
         ("target_decides", ctypes.c_int),
+        ("meter", _Meter),
+        ("admission_bounds", ctypes.c_double * ADMISSION_BOUNDS),
     )
 
 
@@ -109,6 +186,14 @@ class _Stats(ctypes.Structure):
         ("killpriv_v2", ctypes.c_int),
         ("xattrs", ctypes.c_int),
         ("operations", ctypes.c_uint64 * len(OPERATIONS)),
+        ("meter", _MeterTotals * 4),
+        ("ceiling_delayed", ctypes.c_uint64),
+        ("ceiling_delay_seconds", ctypes.c_double),
+        ("admission_waits", ctypes.c_uint64 * (ADMISSION_BOUNDS + 1)),
+        ("open_handles", ctypes.c_uint64),
+        ("relief_high", ctypes.c_uint64),
+        ("names_dropped", ctypes.c_uint64),
+        ("page_cache_drops", ctypes.c_uint64),
     )
 
 
@@ -131,7 +216,15 @@ EVENT_SYNC = 1
 #: FT_EVENT_LOST: the target failed to store some of a file's data.
 EVENT_LOST = 2
 #: The reasons of FT_EVENT_SYNC, by code (the names the Python data plane's metrics use).
-SYNC_REASONS = {1: "batch", 2: "release", 3: "age", 4: "window", 5: "forget", 6: "unmount"}
+SYNC_REASONS = {
+    1: "batch",
+    2: "release",
+    3: "age",
+    4: "window",
+    5: "forget",
+    6: "unmount",
+    7: "application",
+}
 _EVENTS_AT_ONCE = 256
 
 
@@ -159,6 +252,14 @@ class EngineConfig:
     #: permissions=target: the target decides every call as its caller (no default_permissions,
     #: no name cached: a path walk must not pass a directory without asking it).
     target_decides: bool = False
+    #: Metering's rules (meter.py), and the ceilings priced by them (0: none).
+    meter: MeterProfile = PROFILES["efs"]
+    metered_limit: float = 0.0
+    ops_limit: float = 0.0
+    throttle_reads: bool = False
+    #: The bounds (seconds, ascending, at most ADMISSION_BOUNDS) of the histogram of writes'
+    #: waits at the gate.
+    admission_bounds: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -190,6 +291,17 @@ class EngineStats:
     xattrs: bool = True
     #: Requests served so far, by FUSE operation (those served at least once).
     operations: dict[str, int] = field(default_factory=dict)
+    #: What the requests sent to the target cost, by meter class (``class`` label values).
+    meter: dict[str, ClassTotals] = field(default_factory=dict)
+    ceiling_delayed: int = 0
+    ceiling_delay_seconds: float = 0.0
+    #: Writes that waited at the gate, by the bound of their wait (the last: above them all).
+    admission_waits: tuple[int, ...] = ()
+    open_handles: int = 0
+    #: Known files at which the kernel is asked to drop names (0: no descriptor limit).
+    relief_high: int = 0
+    names_dropped: int = 0
+    page_cache_drops: int = 0
 
 
 @dataclass(frozen=True)
@@ -252,6 +364,16 @@ def load() -> ctypes.CDLL:
     lib.ft_engine_set_window.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_double)
     lib.ft_engine_unsynced.restype = ctypes.c_size_t
     lib.ft_engine_unsynced.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+    lib.ft_engine_read_errors.restype = ctypes.c_size_t
+    lib.ft_engine_read_errors.argtypes = (ctypes.c_void_p, ctypes.POINTER(_Error), ctypes.c_size_t)
+    lib.ft_engine_price.restype = None
+    lib.ft_engine_price.argtypes = (
+        ctypes.POINTER(_Meter),
+        ctypes.c_uint32,
+        ctypes.c_uint64,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint32),
+    )
     lib.ft_engine_free.restype = None
     lib.ft_engine_free.argtypes = (ctypes.c_void_p,)
     return lib
@@ -290,6 +412,8 @@ class NativeEngine:
             config.sync_threads,
             int(config.killpriv_v2),
             int(config.target_decides),
+            _meter(config.meter, config.metered_limit, config.ops_limit, config.throttle_reads),
+            (ctypes.c_double * ADMISSION_BOUNDS)(*config.admission_bounds[:ADMISSION_BOUNDS]),
         )
         error = ctypes.create_string_buffer(_ERROR_SIZE)
         handle = lib.ft_engine_mount(ctypes.byref(raw), error, _ERROR_SIZE)
@@ -315,7 +439,20 @@ class NativeEngine:
         values["xattrs"] = bool(values["xattrs"])
         counts = values.pop("operations")
         values["operations"] = {op: int(n) for op, n in zip(OPERATIONS, counts, strict=True) if n}
+        values["meter"] = {
+            cls.value: ClassTotals(t.ops, t.bytes, t.metered_bytes, t.units)
+            for cls, t in zip(METER_CLASSES, raw.meter, strict=True)
+        }
+        values["admission_waits"] = tuple(int(n) for n in raw.admission_waits)
         return EngineStats(**values)
+
+    def errors(self) -> list[tuple[str, int, int]]:
+        """The error answers so far: (operation, errno, count), errno 0 for any above 133."""
+        assert self._handle is not None
+        size = len(OPERATIONS) * 134
+        buffer = (_Error * size)()
+        n = int(self._lib.ft_engine_read_errors(self._handle, buffer, size))
+        return [(OPERATIONS[e.op], int(e.error), int(e.count)) for e in buffer[:n]]
 
     def events_fd(self) -> int:
         """Readable while events are queued (read its 8-byte counter to reset it)."""
@@ -374,3 +511,15 @@ class NativeEngine:
         if self._handle is not None:
             self._lib.ft_engine_free(self._handle)
             self._handle = None
+
+
+def engine_price(profile: MeterProfile, cls: OpClass, nbytes: int) -> Charge:
+    """What the engine charges a request of *nbytes* in *cls* under *profile* (its parity with
+    meter.py is tested)."""
+    lib = load()
+    raw = _meter(profile, 0.0, 0.0, False)
+    metered, units = ctypes.c_uint64(), ctypes.c_uint32()
+    lib.ft_engine_price(
+        ctypes.byref(raw), METER_CLASSES[cls], nbytes, ctypes.byref(metered), ctypes.byref(units)
+    )
+    return Charge(int(metered.value), int(units.value))

@@ -70,6 +70,8 @@ METADATA_CLASS: dict[str, OpClass] = {
             "getxattr",
             "listxattr",
             "open",
+            "readdirplus",
+            "access",
         ),
         OpClass.META_READ,
     ),
@@ -90,6 +92,13 @@ METADATA_CLASS: dict[str, OpClass] = {
         OpClass.META_WRITE,
     ),
 }
+
+
+#: Requests that never reach the target as a request of their own (a close, a forget): not
+#: metered at all.
+UNMETERED = frozenset({"forget", "flush", "release", "releasedir"})
+#: Requests that never wait at a ceiling: what must end for data to be durable.
+NEVER_WAIT = frozenset({"fsync", "fsyncdir", *UNMETERED})
 
 
 def op_class(op: str) -> OpClass:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..service.mountinfo import MountInfo
-from .native_status import format_native_status
 from .status_client import CLIENT_TIMEOUT, StatusError, find_mount_of, query
 from .status_view import format_status
 
@@ -73,8 +72,6 @@ class Screen:
 
 def _format(reply: dict[str, Any], entry: MountInfo) -> str:
     try:
-        if reply.get("engine") == "native":
-            return format_native_status(reply, time.time())
         return format_status(reply)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         raise StatusError(

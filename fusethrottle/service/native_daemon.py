@@ -4,8 +4,11 @@ the daemon's life (readiness, signals, the stop), as daemon.py does for the Pyth
 The engine keeps the write window itself (the ledger, the gate, injected fsyncs); this process
 keeps the controller: the engine queues every injected fsync's time as an event, an eventfd wakes
 trio, the controller resizes the window and the kernel's share of it, and the engine is told the
-new window. Metering, metrics and status are still the Python data plane's alone
-(options.NATIVE_UNSUPPORTED refuses the options that would need them).
+new window. The engine meters every request by the rules this process hands it (meter.py)
+and holds writes at the ceilings; its statistics become the same Snapshot the Python data
+plane publishes (engine_snapshot.py), behind ``fusethrottle status`` and the Prometheus
+endpoint alike. The fleet budget is still the Python data plane's alone
+(options.NATIVE_UNSUPPORTED refuses what the engine does not serve).
 """
 
 from __future__ import annotations
@@ -16,17 +19,23 @@ import logging
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from .. import _libc
 from ..engine.native import EngineConfig, EngineUnavailable, LostEvent, NativeEngine, SyncEvent
 from ..loglimit import LogLimiter
-from ..observability.native_status import FsyncLog, native_status
+from ..metering.meter import profile_for
+from ..observability.metrics import Recorder, bind_endpoint, make_registry, serve_endpoint
+from ..observability.metrics.definitions import ADMISSION_BUCKETS
+from ..observability.metrics.diagnostics import run_diagnostics
+from ..observability.metrics.engine_snapshot import EngineView, engine_snapshot
+from ..observability.metrics.publisher import Publisher
+from ..observability.metrics.server import MetricsServer
+from ..observability.metrics.snapshot import RateHistory, Snapshot
 from ..observability.status_server import serve_control
 from ..target.target_calls import target_has_xattrs
 from ..trio_compat import run_sync_abandoning
@@ -84,18 +93,27 @@ def engine_config(config: Config) -> EngineConfig:
         # caller, or a mount nobody but the daemon's user writes to.
         killpriv_v2=switching or not config.allow_other,
         target_decides=config.permissions == "target",
+        meter=profile_for(config),
+        metered_limit=config.metered_limit,
+        ops_limit=config.ops_limit,
+        throttle_reads=config.throttle_reads,
+        admission_bounds=ADMISSION_BUCKETS,
     )
 
 
 def serve_native(placement: Placement, on_ready: Callable[[], None] | None = None) -> int:
     """Mount with the engine and serve until unmounted; returns the exit code."""
     config = placement.config
+    # Bound before the mount: a bad address or a port in use fails it (MetricsError, one line).
+    server = bind_endpoint(config.metrics) if config.metrics else None
     try:
         engine = NativeEngine.mount(engine_config(config))
     except (EngineUnavailable, OSError) as err:
         log.error("fusethrottle: %s", err)
+        if server is not None:
+            server.server_close()
         return 1
-    daemon = NativeDaemon(engine, placement, on_ready)
+    daemon = NativeDaemon(engine, placement, on_ready, server)
     try:
         code = trio.run(daemon.run)
     finally:
@@ -117,6 +135,7 @@ class NativeDaemon:
         engine: NativeEngine,
         placement: Placement,
         on_ready: Callable[[], None] | None,
+        server: MetricsServer | None = None,
     ) -> None:
         self.engine = engine
         self.placement = placement
@@ -144,8 +163,10 @@ class NativeDaemon:
         self._error_log = LogLimiter(60.0)  # a line per file a minute
         #: Files the target failed to store data of (node -> path, errno), named at exit.
         self._lost: dict[int, tuple[str, int]] = {}
-        self._fsyncs = FsyncLog()
-        self._started = time.time()
+        #: The injected fsyncs the engine reported, as the Python data plane's histograms.
+        self._fsyncs = Recorder()
+        self.metrics = Publisher(self.config, self._snapshot)
+        self._server = server
 
     async def run(self) -> int:
         info = find_mount(self.config.mountpoint, fstype="fuse.fusethrottle")
@@ -155,7 +176,12 @@ class NativeDaemon:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._signals)
             nursery.start_soon(self._control)
-            nursery.start_soon(serve_control, self.config.mountpoint, self._status)
+            await nursery.start(self.metrics.run_publisher)
+            if self._server is not None:
+                registry = make_registry(self.metrics)
+                await nursery.start(partial(serve_endpoint, self._server, registry))
+            nursery.start_soon(serve_control, self.config.mountpoint, self.metrics.status)
+            nursery.start_soon(run_diagnostics)
             nursery.start_soon(self._announce_ready)
             nursery.start_soon(self._watch_unmount)
             rc: int | None = None
@@ -247,21 +273,31 @@ class NativeDaemon:
                 await trio.to_thread.run_sync(self.kernel_cache.update, total)
             self._hand_window()
 
-    def _status(self, request: str) -> dict[str, Any]:
-        """What the status socket answers (see native_status)."""
-        return native_status(
-            self.config,
-            self._started,
+    def _snapshot(self, history: RateHistory, now: float, sample: bool) -> Snapshot:
+        """The mount now, as status and the metrics show it (on the event loop)."""
+        view = EngineView(
             self.engine.stats(),
+            self.engine.errors(),
             self.controller,
             self._total,
             self.kernel_cache.statistics().limit_bytes,
+        )
+        return engine_snapshot(
+            self.config,
+            self.placement,
+            view,
             self._fsyncs,
-            time.monotonic(),
+            history,
+            started=self.metrics.started,
+            now=now,
+            sample=sample,
         )
 
     def _sampled(self, event: SyncEvent, unsynced: int, window: int) -> None:
-        self._fsyncs.add(event.at, event.seconds, event.reason)
+        self._fsyncs.fsync(event.reason, event.seconds, event.nbytes, event.error or None)
+        if event.reason == "application":
+            return  # shown; the controller learns from the fsyncs it decides on
+
         if event.error == 0:
             self.controller.on_sample(event.at, event.nbytes, event.seconds, unsynced, window)
             return

@@ -131,11 +131,7 @@ ENGINES = ("python", "native")
 #: What the native engine does not do yet, with the value that asks nothing of it. Set to
 #: anything else with engine=native, the mount is refused rather than served without it.
 NATIVE_UNSUPPORTED: dict[str, object] = {
-    "metrics": "",
     "budget": None,
-    "metered_limit": 0.0,
-    "ops_limit": 0.0,
-    "throttle_reads": False,
     "target_io": "auto",
 }
 #: Whom calls to the target run as (credentials.py): the process that asked, or the daemon.

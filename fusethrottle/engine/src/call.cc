@@ -33,6 +33,7 @@ bool dying(pid_t tid) {
 
 void note_error(int error) {
   Call& call = this_call();
+  call.error = error;
   if (error == ESTALE && call.node != 0) call.engine->inodes().get(call.node).set_stale(true);
 }
 

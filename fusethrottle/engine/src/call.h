@@ -30,6 +30,9 @@ struct Call {
   std::atomic<pid_t> pid{0};  // the caller's thread (read by the interrupt too)
   // The node the request is about (its first node id: the parent for a name), 0 for none.
   fuse_ino_t node = 0;
+  // What the meter charges it for (meter.h): the data it moved, the error it was answered.
+  uint64_t bytes = 0;
+  int error = 0;
   // The request until someone claimed its answer (then null). Only the interrupt, on another
   // thread, touches it besides its own thread: the request cannot be freed, nor its address
   // reused, while its interrupt callback runs (libfuse holds it).
@@ -46,6 +49,9 @@ Call& this_call();
 // request's node stale (inode.h), before the answer lets the kernel forget it.
 void note_error(int error);
 
+// The handler moved *n* bytes of file data (read and write: what the meter charges).
+inline void moved(uint64_t n);
+
 // Answer this thread's request with *reply* (a fuse_reply_* function), unless the interrupt
 // answered it already: then -EINTR, and *req* is not touched.
 template <typename Reply, typename... Args>
@@ -56,6 +62,8 @@ int answer(Reply reply, fuse_req_t req, Args&&... args) {
   }
   return reply(req, std::forward<Args>(args)...);
 }
+
+inline void moved(uint64_t n) { this_call().bytes = n; }
 
 // libfuse's interrupt callback: answers EINTR if the caller is dying (SIGKILL pending: the
 // kernel turns every fatal signal into one) and the handler has not answered yet. A caller

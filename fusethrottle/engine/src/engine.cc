@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <iterator>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -84,6 +86,7 @@ int Engine::serve() {
 
 void Engine::close_the_cache() {
   closing_.store(true, std::memory_order_release);
+  ceilings_.open_up();  // what waits at a ceiling goes now: the kernel's write-back must end
   if (!session_) return;
   fuse_lowlevel_notify_inval_inode(session_.get(), FUSE_ROOT_ID, -1, 0);
   for (fuse_ino_t node : inodes_.nodes()) {
@@ -134,6 +137,15 @@ ft_engine* ft_engine_mount(const ft_engine_config* config, char* error, size_t e
   options.window.pieces = config->writeback_pieces != 0;
   options.window.drop_synced = config->drop_synced != 0;
   options.sync_threads = config->sync_threads > 0 ? config->sync_threads : 4;
+  for (double bound : config->admission_bounds) {
+    if (bound > 0) options.window.wait_bounds.push_back(bound);
+  }
+  const ft_engine_meter& m = config->meter;
+  options.meter = ft::MeterProfile{m.data_min, m.meta_min, m.granule, m.read_factor, m.read_units, m.write_units};
+  std::copy(std::begin(m.classes), std::end(m.classes), std::begin(options.classes));
+  options.metered_limit = m.metered_limit;
+  options.ops_limit = m.ops_limit;
+  options.throttle_reads = m.throttle_reads != 0;
   auto handle = std::make_unique<ft_engine>();
   handle->engine = std::make_unique<ft::Engine>(std::move(options));
   std::string why;
@@ -179,6 +191,28 @@ void ft_engine_read_stats(ft_engine* engine, ft_engine_stats* out) {
   for (int op = 0; op < FT_OP_COUNT; op++) {
     out->operations[op] = e.served(static_cast<ft_engine_op>(op));
   }
+  e.meter().read(*out);
+  ft::CeilingStats c = e.ceilings().stats();
+  out->ceiling_delayed = c.delayed;
+  out->ceiling_delay_seconds = c.delay_seconds;
+  for (size_t i = 0; i < w.waits.size() && i <= FT_ADMISSION_BOUNDS; i++) out->admission_waits[i] = w.waits[i];
+  out->open_handles = e.open_handles();
+  out->relief_high = e.relief().high();
+  out->names_dropped = e.relief().asked();
+  out->page_cache_drops = e.flusher().drops();
+}
+
+size_t ft_engine_read_errors(ft_engine* engine, ft_engine_error* out, size_t max) {
+  return engine->engine->meter().errors(out, max);
+}
+
+void ft_engine_price(const ft_engine_meter* meter, uint32_t cls, uint64_t nbytes, uint64_t* metered,
+                     uint32_t* units) {
+  ft::MeterProfile p{meter->data_min, meter->meta_min, meter->granule, meter->read_factor,
+                     meter->read_units, meter->write_units};
+  ft::Charge charge = ft::price(p, static_cast<ft::OpClass>(cls & FT_METER_CLASS_MASK), nbytes);
+  *metered = charge.metered;
+  *units = charge.units;
 }
 
 int ft_engine_events_fd(ft_engine* engine) { return engine->engine->events().fd(); }

@@ -8,10 +8,12 @@
 #include <memory>
 #include <string>
 
+#include "ceilings.h"
 #include "events.h"
 #include "flusher.h"
 #include "fusethrottle_engine.h"
 #include "inode.h"
+#include "meter.h"
 #include "relief.h"
 #include "session_io.h"
 #include "window.h"
@@ -32,12 +34,21 @@ struct Options {
   bool target_decides = false;  // permissions=target (fusethrottle_engine.h)
   WindowParams window;
   unsigned sync_threads = 4;
+  MeterProfile meter;
+  uint8_t classes[FT_OP_COUNT] = {};  // FT_METER_* by request kind
+  double metered_limit = 0;
+  double ops_limit = 0;
+  bool throttle_reads = false;
 };
 
 class Engine {
  public:
   explicit Engine(Options options)
-      : options_(std::move(options)), window_(options_.window), flusher_(window_, events_) {}
+      : options_(std::move(options)),
+        window_(options_.window),
+        flusher_(window_, events_),
+        meter_(options_.meter, options_.classes),
+        ceilings_(options_.metered_limit, options_.ops_limit, options_.throttle_reads, now_seconds()) {}
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
   ~Engine();
@@ -59,6 +70,18 @@ class Engine {
   void set_writeback_cache(bool on) { writeback_cache_.store(on); }
   size_t known_files() { return inodes_.size(); }
   SessionIo& session_io() { return io_; }
+  Meter& meter() { return meter_; }
+  Ceilings& ceilings() { return ceilings_; }
+  const Relief& relief() const { return relief_; }
+  // A request of *op* moving *nbytes* waits here until the ceilings let it go.
+  void pay(ft_engine_op op, uint64_t nbytes) {
+    if (!ceilings_.active() || !meter_.may_wait(op)) return;
+    OpClass cls = meter_.class_of(op);
+    ceilings_.pay(cls, price(meter_.profile(), cls, nbytes));
+  }
+  // Files and directories open through the mount (handles.h: Tally).
+  std::atomic<uint64_t>& handles() { return open_handles_; }
+  uint64_t open_handles() const { return open_handles_.load(std::memory_order_relaxed); }
 
   // Every request is counted by kind as it arrives (ops.cc: counted).
   void count(ft_engine_op op) { operations_[op].fetch_add(1, std::memory_order_relaxed); }
@@ -79,6 +102,8 @@ class Engine {
   Window window_;
   EventRing events_;
   Flusher flusher_;  // after what it uses: its threads end first
+  Meter meter_;
+  Ceilings ceilings_;
   struct SessionDeleter {
     void operator()(fuse_session* se) const { fuse_session_destroy(se); }
   };
@@ -86,6 +111,7 @@ class Engine {
   SessionIo io_;
   Relief relief_{inodes_, window_};  // after the session: its thread ends first
   std::array<std::atomic<uint64_t>, FT_OP_COUNT> operations_{};
+  std::atomic<uint64_t> open_handles_{0};
   bool mounted_ = false;
   std::atomic<bool> writeback_cache_{false};
   std::atomic<bool> closing_{false};

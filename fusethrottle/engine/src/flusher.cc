@@ -137,6 +137,7 @@ void Flusher::run(std::vector<SyncJob>& jobs) {
     int error = sync_job(job);
     in_flight_--;
     fsyncs_++;
+    if (error == 0 && job.drop && job.lo >= 0 && job.hi > job.lo) drops_++;
     event.bytes += job.bytes;
     if (error != 0) {
       errors_++;

@@ -31,6 +31,8 @@ class Flusher {
   uint64_t fsyncs() const { return fsyncs_.load(); }
   uint64_t errors() const { return errors_.load(); }
   uint64_t in_flight() const { return in_flight_.load(); }
+  // Synced ranges dropped from the target's page cache (drop_synced).
+  uint64_t drops() const { return drops_.load(); }
 
  private:
   void decide();
@@ -49,7 +51,7 @@ class Flusher {
   std::condition_variable queue_cv_;
   std::deque<SyncJob> queue_;
   bool draining_ = false;
-  std::atomic<uint64_t> fsyncs_{0}, errors_{0}, in_flight_{0};
+  std::atomic<uint64_t> fsyncs_{0}, errors_{0}, in_flight_{0}, drops_{0};
 };
 
 // fsync what *job* covers, as the file's writer: its written range in pieces first, dropped

@@ -11,7 +11,46 @@ extern "C" {
 #endif
 
 /* Bumped whenever a structure or call below changes: Python refuses a library of another. */
-#define FT_ENGINE_ABI 6
+#define FT_ENGINE_ABI 7
+
+/* The requests the engine serves, in the order of ft_engine_stats.operations (native.py
+ * names them as the FUSE operations they are). */
+enum ft_engine_op {
+  FT_OP_LOOKUP, FT_OP_FORGET, FT_OP_GETATTR, FT_OP_SETATTR, FT_OP_READLINK, FT_OP_MKNOD,
+  FT_OP_MKDIR, FT_OP_UNLINK, FT_OP_RMDIR, FT_OP_SYMLINK, FT_OP_RENAME, FT_OP_LINK, FT_OP_OPEN,
+  FT_OP_READ, FT_OP_WRITE, FT_OP_FLUSH, FT_OP_RELEASE, FT_OP_FSYNC, FT_OP_OPENDIR,
+  FT_OP_READDIR, FT_OP_READDIRPLUS, FT_OP_RELEASEDIR, FT_OP_FSYNCDIR, FT_OP_STATFS,
+  FT_OP_SETXATTR, FT_OP_GETXATTR, FT_OP_LISTXATTR, FT_OP_REMOVEXATTR, FT_OP_CREATE,
+  FT_OP_FALLOCATE, FT_OP_ACCESS,
+  FT_OP_COUNT
+};
+
+/* How a request kind is metered (ft_engine_meter.classes): the class of meter.py, and a flag
+ * for the kinds that never wait at a ceiling (fsync). */
+#define FT_METER_NONE 0
+#define FT_METER_DATA_READ 1
+#define FT_METER_DATA_WRITE 2
+#define FT_METER_META_READ 3
+#define FT_METER_META_WRITE 4
+#define FT_METER_CLASS_MASK 0x0f
+#define FT_METER_NO_WAIT 0x80
+
+/* Metering's rules, as the control plane's profile says (meter.py), and the ceilings. */
+struct ft_engine_meter {
+  uint64_t data_min;   /* a data request is metered at least this */
+  uint64_t meta_min;   /* a metadata request is metered at least this */
+  uint64_t granule;    /* metered sizes are rounded up to a multiple of it */
+  double read_factor;  /* reads are metered at this share (rounded up to a byte) */
+  uint32_t read_units; /* op units of a read, of data or metadata */
+  uint32_t write_units;
+  uint8_t classes[FT_OP_COUNT]; /* FT_METER_* by ft_engine_op */
+  double metered_limit; /* metered bytes/s at most (0: no ceiling) */
+  double ops_limit;     /* op units/s at most (0: no ceiling) */
+  int throttle_reads;   /* reads and metadata wait at the ceilings too (else writes only) */
+};
+
+/* The bounds (seconds, ascending) of the histogram of writes' waits at the gate. */
+#define FT_ADMISSION_BOUNDS 16
 
 struct ft_engine_config {
   const char *source;       /* the backing directory */
@@ -38,18 +77,17 @@ struct ft_engine_config {
   int target_decides;       /* permissions=target: the kernel checks nothing (no
                              * default_permissions), the target decides every call as its
                              * caller, nothing it refuses is made as the daemon */
+  struct ft_engine_meter meter;
+  double admission_bounds[FT_ADMISSION_BOUNDS];
 };
 
-/* The requests the engine serves, in the order of ft_engine_stats.operations (native.py
- * names them as the FUSE operations they are). */
-enum ft_engine_op {
-  FT_OP_LOOKUP, FT_OP_FORGET, FT_OP_GETATTR, FT_OP_SETATTR, FT_OP_READLINK, FT_OP_MKNOD,
-  FT_OP_MKDIR, FT_OP_UNLINK, FT_OP_RMDIR, FT_OP_SYMLINK, FT_OP_RENAME, FT_OP_LINK, FT_OP_OPEN,
-  FT_OP_READ, FT_OP_WRITE, FT_OP_FLUSH, FT_OP_RELEASE, FT_OP_FSYNC, FT_OP_OPENDIR,
-  FT_OP_READDIR, FT_OP_READDIRPLUS, FT_OP_RELEASEDIR, FT_OP_FSYNCDIR, FT_OP_STATFS,
-  FT_OP_SETXATTR, FT_OP_GETXATTR, FT_OP_LISTXATTR, FT_OP_REMOVEXATTR, FT_OP_CREATE,
-  FT_OP_FALLOCATE, FT_OP_ACCESS,
-  FT_OP_COUNT
+
+/* One class's totals (meter.py's ClassTotals). */
+struct ft_engine_meter_totals {
+  uint64_t ops;
+  uint64_t bytes;
+  uint64_t metered_bytes;
+  uint64_t units;
 };
 
 struct ft_engine_stats {
@@ -76,15 +114,32 @@ struct ft_engine_stats {
   int killpriv_v2;          /* the INIT reply asked for FUSE_HANDLE_KILLPRIV_V2 */
   int xattrs;               /* extended attributes are served */
   uint64_t operations[FT_OP_COUNT]; /* requests served, by kind */
+  struct ft_engine_meter_totals meter[4]; /* by FT_METER_* class, from DATA_READ on */
+  uint64_t ceiling_delayed;       /* requests that waited at a ceiling */
+  double ceiling_delay_seconds;   /* and how long, in all */
+  uint64_t admission_waits[FT_ADMISSION_BOUNDS + 1]; /* writes that waited at the gate, by
+                                                      * the bound of their wait (last: above) */
+  uint64_t open_handles;          /* files and directories open through the mount */
+  uint64_t relief_high;           /* known files at which the kernel is asked to drop names */
+  uint64_t names_dropped;         /* names the kernel was asked to drop */
+  uint64_t page_cache_drops;      /* synced ranges dropped from the target's page cache */
+};
+
+/* Error answers of one request kind with one errno (ft_engine_read_errors). */
+struct ft_engine_error {
+  uint32_t op;    /* ft_engine_op */
+  int32_t error;  /* the errno (0: one above those counted by value) */
+  uint64_t count;
 };
 
 /* What the control plane hears of. */
-#define FT_EVENT_SYNC 1 /* an injected fsync ended */
+#define FT_EVENT_SYNC 1 /* an injected fsync ended, or an application's own */
 #define FT_EVENT_LOST 2 /* the target failed to store some of a file's data (a write or an
                          * fsync failed with ENOSPC, EDQUOT, EFBIG, EIO, EROFS, ETIMEDOUT) */
 struct ft_engine_event {
   uint32_t kind;
-  uint32_t reason;  /* 1 batch, 2 release, 3 age, 4 window, 5 forgotten, 6 the end */
+  uint32_t reason;  /* 1 batch, 2 release, 3 age, 4 window, 5 forgotten, 6 the end,
+                     * 7 the application's own fsync */
   int32_t error;    /* 0, or the errno it failed with */
   uint32_t unused;
   uint64_t node;    /* the file's node id */
@@ -123,6 +178,12 @@ void ft_engine_set_window(struct ft_engine *engine, uint64_t window, double comm
  * not answer; PATH: where the file is on the target), into *out* of *size* (cut at a whole
  * line): the bytes written. Touches no file of the target: safe while it hangs. */
 size_t ft_engine_unsynced(struct ft_engine *engine, char *out, size_t size);
+/* The error answers so far, by kind and errno: up to *max* into *out*, how many. */
+size_t ft_engine_read_errors(struct ft_engine *engine, struct ft_engine_error *out, size_t max);
+/* What one request of *nbytes* in class *cls* (FT_METER_*) costs under *meter*'s rules: the
+ * engine's own pricing, for the control plane's parity test. */
+void ft_engine_price(const struct ft_engine_meter *meter, uint32_t cls, uint64_t nbytes,
+                     uint64_t *metered_bytes, uint32_t *units);
 /* After serve() has returned: unmount if still mounted and free everything. */
 void ft_engine_free(struct ft_engine *engine);
 

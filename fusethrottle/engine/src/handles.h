@@ -4,15 +4,31 @@
 #include <dirent.h>
 #include <fuse_lowlevel.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 
 #include "fd.h"
 
 namespace ft {
 
+// Counts itself in *count* for its life: the mount's open handles, for status.
+class Tally {
+ public:
+  explicit Tally(std::atomic<uint64_t>& count) : count_(count) { count_.fetch_add(1, std::memory_order_relaxed); }
+  ~Tally() { count_.fetch_sub(1, std::memory_order_relaxed); }
+  Tally(const Tally&) = delete;
+  Tally& operator=(const Tally&) = delete;
+
+ private:
+  std::atomic<uint64_t>& count_;
+};
+
 struct OpenFile {
+  explicit OpenFile(std::atomic<uint64_t>& handles) : tally(handles) {}
   Fd fd;
   bool direct = false;  // opened with O_DIRECT: its data goes through an aligned buffer
+  Tally tally;
 };
 
 struct DirCloser {
@@ -20,6 +36,8 @@ struct DirCloser {
 };
 
 struct OpenDir {
+  explicit OpenDir(std::atomic<uint64_t>& handles) : tally(handles) {}
+  Tally tally;
   std::unique_ptr<DIR, DirCloser> dir;
   off_t offset = 0;            // where the stream stands (telldir)
   struct dirent* pending = nullptr;  // read but not yet handed to the kernel

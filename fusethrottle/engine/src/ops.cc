@@ -545,7 +545,7 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   KernelView* view = view_of(engine, *inode);
   if (view != nullptr) view->opening();
   engine.window().opened(inode);
-  auto file = std::make_unique<OpenFile>();
+  auto file = std::make_unique<OpenFile>(engine.handles());
   file->fd = std::move(fd);
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
@@ -601,7 +601,7 @@ void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   note_writer(inode_of(req, node), fi->flags);
   auto inode = engine.inodes().share(node);
   engine.window().opened(inode);
-  auto file = std::make_unique<OpenFile>();
+  auto file = std::make_unique<OpenFile>(engine.handles());
   file->fd = std::move(fd);
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
@@ -617,15 +617,27 @@ void read_direct(fuse_req_t req, int fd, size_t size, off_t off) {
   if (buf == nullptr) return (void)answer(fuse_reply_err, req, ENOMEM);
   ssize_t n = ::pread(fd, buf, size, off);
   if (n < 0) return (void)answer(fuse_reply_err, req, failed());
+  moved(static_cast<uint64_t>(n));
   answer(fuse_reply_buf, req, buf, static_cast<size_t>(n));
 }
 
+// What a read of *size* at *off* moves: up to the end of the file as the target's client
+// holds it (the splice that answers it does not say; no request to the server).
+uint64_t read_size(int fd, size_t size, off_t off) {
+  struct statx sx {};
+  if (::statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_SIZE, &sx) != 0) return size;
+  if (static_cast<uint64_t>(off) >= sx.stx_size) return 0;
+  return std::min<uint64_t>(size, sx.stx_size - static_cast<uint64_t>(off));
+}
+
 void op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  engine_of(req).pay(FT_OP_READ, size);
   if (borrow<OpenFile>(fi).direct) return read_direct(req, borrow<OpenFile>(fi).fd.get(), size, off);
   fuse_bufvec data = FUSE_BUFVEC_INIT(size);
   data.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
   data.buf[0].fd = borrow<OpenFile>(fi).fd.get();
   data.buf[0].pos = off;
+  moved(read_size(data.buf[0].fd, size, off));
   answer(fuse_reply_data, req, &data, FUSE_BUF_SPLICE_MOVE);
 }
 
@@ -667,6 +679,7 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
   if (!fi->writepage) become_caller();
   // The back-pressure: the reply waits until the bytes fit in the window.
   size_t size = fuse_buf_size(in);
+  engine.pay(FT_OP_WRITE, size);
   engine.window().admit(size);
   const OpenFile& file = borrow<OpenFile>(fi);
   ssize_t n = 0;
@@ -682,6 +695,7 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
     engine.events().lost(node, inode_of(req, node).fd(), err);
     return (void)answer(fuse_reply_err, req, err);
   }
+  moved(static_cast<uint64_t>(n));
   answer(fuse_reply_write, req, static_cast<size_t>(n));
 }
 
@@ -719,9 +733,19 @@ void op_fsync(fuse_req_t req, fuse_ino_t node, int datasync, fuse_file_info* fi)
   Inode& inode = inode_of(req, node);
   uint64_t bytes = window.begin_app_sync(inode);
   int fd = borrow<OpenFile>(fi).fd.get();
+  double start = now_seconds();
   int rc = datasync ? ::fdatasync(fd) : ::fsync(fd);
   int err = rc == 0 ? 0 : failed();
   window.end_app_sync(inode, bytes, err);  // either way the application knows now
+  ft_engine_event event{};
+  event.kind = FT_EVENT_SYNC;
+  event.reason = static_cast<uint32_t>(SyncReason::kApplication);
+  event.error = err;
+  event.node = node;
+  event.bytes = bytes;
+  event.at = now_seconds();
+  event.seconds = event.at - start;
+  engine_of(req).events().push(event);
   if (err != 0) engine_of(req).events().lost(node, inode.fd(), err);
   int pending = window.take_error(inode);
   answer(fuse_reply_err, req, err != 0 ? err : pending);
@@ -753,7 +777,7 @@ void op_opendir(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   std::string path = proc_path(inode_of(req, node).fd());
   Fd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd) return (void)answer(fuse_reply_err, req, failed());
-  auto dir = std::make_unique<OpenDir>();
+  auto dir = std::make_unique<OpenDir>(engine_of(req).handles());
   dir->dir.reset(::fdopendir(fd.get()));
   if (!dir->dir) return (void)answer(fuse_reply_err, req, failed());
   fd.release();  // the DIR owns it now
@@ -887,6 +911,8 @@ struct Counted<Op, Handler> {
     call.pid.store(ctx->pid);
     call.unanswered.store(req);
     call.node = 0;
+    call.bytes = 0;
+    call.error = 0;
     if constexpr (Op != FT_OP_FORGET) (first_node(call.node, args), ...);
     call.engine->count(Op);
     if constexpr (kInterruptible) {
@@ -897,7 +923,11 @@ struct Counted<Op, Handler> {
         if (call.unanswered.load() != req) return;
       }
     }
+    // Reads and writes pay for their size in their handlers.
+    if constexpr (Op != FT_OP_READ && Op != FT_OP_WRITE) call.engine->pay(Op, 0);
     Handler(req, args...);
+    // Metered once it was sent to the target, failed or not: the one hook of the meter.
+    call.engine->meter().record(Op, call.bytes, call.error);
     stop_being_caller();
   }
 };

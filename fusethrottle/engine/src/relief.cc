@@ -61,6 +61,7 @@ void Relief::relieve() {
     if (window_.busy(*name.inode)) continue;
     // ENOENT, ENOTDIR, EBUSY: the kernel no longer holds the name, or cannot drop it now.
     fuse_lowlevel_notify_inval_entry(session_, name.parent, name.name.c_str(), name.name.size());
+    asked_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include <fuse_lowlevel.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>
@@ -44,6 +45,9 @@ class Relief {
 
   // Start watching the table of the mount *session* serves, within *bounds*.
   void start(fuse_session* session, ReliefBounds bounds);
+  // Known files at which names are dropped (0: no limit to keep), names asked so far.
+  size_t high() const { return bounds_.high; }
+  uint64_t asked() const { return asked_.load(std::memory_order_relaxed); }
 
  private:
   void run();
@@ -57,6 +61,7 @@ class Relief {
   std::condition_variable wake_;
   bool full_ = false;
   bool stopping_ = false;
+  std::atomic<uint64_t> asked_{0};
   std::thread thread_;
 };
 

@@ -102,6 +102,9 @@ void Window::admit(uint64_t n) {
     paced_++;
   }
   wait_seconds_ += now - start;
+  // A wait equal to a bound belongs to that bound's bucket (Prometheus' "le").
+  const auto& bounds = p_.wait_bounds;
+  waits_[std::lower_bound(bounds.begin(), bounds.end(), now - start) - bounds.begin()]++;
 }
 
 void Window::landed(const std::shared_ptr<Inode>& inode, uint64_t reserved, int64_t written,
@@ -442,6 +445,7 @@ WindowStats Window::stats() {
   s.paced = paced_;
   s.timeouts = timeouts_;
   s.wait_seconds = wait_seconds_;
+  s.waits = waits_;
   s.commit_rate = p_.commit_rate;
   return s;
 }

@@ -28,7 +28,10 @@ class Inode;
 double now_seconds();
 
 // Why a file is synced: the event's reason code for the control plane.
-enum class SyncReason : uint32_t { kBatch = 1, kRelease = 2, kAge = 3, kWindow = 4, kForget = 5, kEnd = 6 };
+// kApplication: the application's own fsync (its time is shown, it is no sample).
+enum class SyncReason : uint32_t {
+  kBatch = 1, kRelease = 2, kAge = 3, kWindow = 4, kForget = 5, kEnd = 6, kApplication = 7
+};
 
 // Dirty bytes at which a file is synced: batch, or half the window if that is smaller.
 uint64_t sync_trigger(uint64_t batch, uint64_t window);
@@ -71,6 +74,7 @@ struct WindowParams {
   bool inject = true;   // injected fsyncs (mode=off: only the end's and forgotten files')
   bool pieces = true;
   bool drop_synced = true;
+  std::vector<double> wait_bounds;  // the histogram of waits at the gate (seconds, ascending)
 };
 
 // What one fsync covers.
@@ -94,6 +98,7 @@ struct WindowStats {
   uint64_t written, synced, failed_syncs;
   uint64_t waiting, throttled, paced, timeouts;
   double wait_seconds;
+  std::vector<uint64_t> waits;  // writes that waited, by wait_bounds (last: above them all)
   double commit_rate;
 };
 
@@ -180,6 +185,7 @@ class Window {
   uint64_t written_ = 0, synced_ = 0, failed_syncs_ = 0;
   uint64_t throttled_ = 0, paced_ = 0, timeouts_ = 0;
   double wait_seconds_ = 0;
+  std::vector<uint64_t> waits_ = std::vector<uint64_t>(p_.wait_bounds.size() + 1);
 };
 
 }  // namespace ft

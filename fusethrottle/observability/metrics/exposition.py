@@ -28,7 +28,7 @@ from ...metering.fleet import FleetStatistics
 from ...metering.meter import ClassTotals
 from ...service.options import MODES
 from .definitions import DEFS, OP_CLASSES
-from .publisher import Metrics
+from .publisher import Publisher
 from .recorder import HistogramSnapshot
 from .snapshot import Snapshot
 
@@ -190,7 +190,7 @@ def build_labels() -> dict[str, str]:
 class SnapshotCollector:
     """A prometheus_client collector that serves the latest frozen snapshot, nothing live."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Publisher) -> None:
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
@@ -207,7 +207,7 @@ class SnapshotCollector:
         return iter(())  # no live state to describe; skips a collect() at registration
 
 
-def make_registry(metrics: Metrics) -> CollectorRegistry:
+def make_registry(metrics: Publisher) -> CollectorRegistry:
     """The daemon's own registry (never prometheus_client's global one)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(metrics))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -36,41 +37,32 @@ FRESH_WAIT = 0.25  # how long a scrape waits for the loop to publish a fresh sna
 RATE_SPAN = 10.0  # seconds of history behind the throughput figures
 
 
-class Metrics:
-    """The recorder, the latest snapshot, and who reads it, for one built mount.
+#: Builds a snapshot of the live state (event loop only): given the rates' history, the loop's
+#: clock and whether this one's totals join the history.
+SnapshotSource = Callable[[RateHistory, float, bool], Snapshot]
 
-    *recorder* must be the one the mount was built with, counting into the mount's own meter:
-    one Meter per mount, so the ceilings and the metered series can never disagree.
-    ``publish`` runs on the event loop only; ``latest`` and ``fresh`` may be read anywhere.
+
+class Publisher:
+    """The latest snapshot of one mount, and who reads it, whichever data plane serves it.
+
+    *take* copies the live state (see SnapshotSource). ``publish`` runs on the event loop only;
+    ``latest`` and ``fresh`` may be read anywhere.
     """
 
-    def __init__(self, mount: Mount, recorder: Recorder) -> None:
-        if recorder.meter is not mount.meter:
-            raise ValueError("the recorder must count into the mount's own meter")
-        self.mount = mount
-        self.recorder = recorder
+    def __init__(self, config: Config, take: SnapshotSource) -> None:
+        self.config = config
+        self._take = take
         self.started = time.time()
         self.latest: Snapshot | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._history = RateHistory(PUBLISH_INTERVAL, RATE_SPAN)
         self._failures = 0
 
-    @property
-    def config(self) -> Config:
-        return self.mount.config
-
     # --- building snapshots (event loop) ---------------------------------------------------
     def publish(self, *, sample: bool = False) -> Snapshot:
         """Copy the live state into a new Snapshot and make it the latest; with *sample* its
         totals also join the history behind the rates (the periodic publish does that)."""
-        snap = take_snapshot(
-            self.mount,
-            self.recorder,
-            self._history,
-            started=self.started,
-            now=trio.current_time(),
-            sample=sample,
-        )
+        snap = self._take(self._history, trio.current_time(), sample)
         self.latest = snap
         return snap
 
@@ -129,3 +121,24 @@ class Metrics:
         if request == "tasks":
             return {"tasks": task_tree(), "threads": thread_stacks()}
         return self.publish().to_json()
+
+
+class Metrics(Publisher):
+    """The Python data plane's: snapshots of a built mount and its recorder.
+
+    *recorder* must be the one the mount was built with, counting into the mount's own meter:
+    one Meter per mount, so the ceilings and the metered series can never disagree.
+    """
+
+    def __init__(self, mount: Mount, recorder: Recorder) -> None:
+        if recorder.meter is not mount.meter:
+            raise ValueError("the recorder must count into the mount's own meter")
+        self.mount = mount
+        self.recorder = recorder
+
+        def take(history: RateHistory, now: float, sample: bool) -> Snapshot:
+            return take_snapshot(
+                mount, recorder, history, started=self.started, now=now, sample=sample
+            )
+
+        super().__init__(mount.config, take)

@@ -166,6 +166,7 @@ class Snapshot:
     memory_cgroup_limit_bytes: int = 0
     page_cache_drops: int = 0
     fleet: FleetStatistics | None = None  # the fleet budget (budget=redis://...), if any
+    engine: str = "python"  # the data plane that serves the mount: "python" or "native"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the status socket's answer; docs/METRICS.md describes it)."""

@@ -1,0 +1,61 @@
+// The optional ceilings on metered bytes/s and op units/s (metered_limit=, ops_limit=): two
+// token buckets every write pays into before it reaches the target (reads and metadata too
+// with throttle_reads), priced by the meter. A request over its budget waits on its own
+// thread (a delayed reply, never an error), as at the window's gate. The same rules as
+// fusethrottle/metering/token_bucket.py and ceilings.py.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+
+#include "meter.h"
+
+namespace ft {
+
+// A rate with a burst, as a reservation: take tokens now, be told how long to wait. The
+// balance may go negative (a request larger than the burst still passes, later ones wait
+// behind its debt, in arrival order). Rate 0: unlimited. Not locked: Ceilings holds it.
+class TokenBucket {
+ public:
+  TokenBucket(double rate, double burst, double now) : rate_(rate), burst_(burst), tokens_(burst), last_(now) {}
+  bool unlimited() const { return rate_ <= 0; }
+  double delay_for(double now, double amount);
+  void refund(double now, double amount);
+
+ private:
+  void refill(double now);
+  double rate_, burst_, tokens_, last_;
+};
+
+struct CeilingStats {
+  uint64_t delayed = 0;
+  double delay_seconds = 0;
+};
+
+class Ceilings {
+ public:
+  // A quarter of a second of budget may be spent at once (ceilings.py: BURST_SECONDS).
+  static constexpr double kBurstSeconds = 0.25;
+
+  Ceilings(double metered_limit, double ops_limit, bool throttle_reads, double now);
+
+  bool active() const { return active_; }
+  // Reserve *charge* of a request of class *cls*, and wait until it may go (or the mount
+  // closes: then it goes at once, its tokens given back).
+  void pay(OpClass cls, Charge charge);
+  // Wake every waiting request: the mount is closing.
+  void open_up();
+  CeilingStats stats();
+
+ private:
+  std::mutex lock_;
+  std::condition_variable wake_;
+  TokenBucket bytes_, units_;
+  bool active_;
+  bool throttle_reads_;
+  bool open_ = false;
+  CeilingStats stats_;
+};
+
+}  // namespace ft
