@@ -48,7 +48,7 @@ def test_an_unknown_engine_is_refused() -> None:
         parse_options(["engine=rust"])
 
 
-@pytest.mark.parametrize("option", ["target_io=direct", "budget=redis://localhost:6379/b"])
+@pytest.mark.parametrize("option", ["budget=redis://localhost:6379/b"])
 def test_what_the_native_engine_does_not_serve_yet_is_refused_not_ignored(option: str) -> None:
     key = option.partition("=")[0]
     assert key in NATIVE_UNSUPPORTED

@@ -158,6 +158,7 @@ class _Config(ctypes.Structure):
         ("target_decides", ctypes.c_int),
         ("meter", _Meter),
         ("admission_bounds", ctypes.c_double * ADMISSION_BOUNDS),
+        ("uncached", ctypes.c_int),
     )
 
 
@@ -260,6 +261,8 @@ class EngineConfig:
     #: The bounds (seconds, ascending, at most ADMISSION_BOUNDS) of the histogram of writes'
     #: waits at the gate.
     admission_bounds: tuple[float, ...] = ()
+    #: Writes leave no page in the target's page cache (target_io; placement.direct_writes).
+    uncached: bool = False
 
 
 @dataclass(frozen=True)
@@ -414,6 +417,7 @@ class NativeEngine:
             int(config.target_decides),
             _meter(config.meter, config.metered_limit, config.ops_limit, config.throttle_reads),
             (ctypes.c_double * ADMISSION_BOUNDS)(*config.admission_bounds[:ADMISSION_BOUNDS]),
+            int(config.uncached),
         )
         error = ctypes.create_string_buffer(_ERROR_SIZE)
         handle = lib.ft_engine_mount(ctypes.byref(raw), error, _ERROR_SIZE)

@@ -70,7 +70,9 @@ def serve_xattrs(config: Config) -> bool:
         os.close(fd)
 
 
-def engine_config(config: Config) -> EngineConfig:
+def engine_config(config: Config, uncached: bool = False) -> EngineConfig:
+    """The engine's settings for *config*; *uncached*: writes leave no page in the target's
+    page cache (placement.direct_writes says why)."""
     switching = config.credentials == "caller" and os.geteuid() == 0
     return EngineConfig(
         source=os.path.realpath(config.source),
@@ -98,6 +100,7 @@ def engine_config(config: Config) -> EngineConfig:
         ops_limit=config.ops_limit,
         throttle_reads=config.throttle_reads,
         admission_bounds=ADMISSION_BUCKETS,
+        uncached=uncached,
     )
 
 
@@ -107,7 +110,7 @@ def serve_native(placement: Placement, on_ready: Callable[[], None] | None = Non
     # Bound before the mount: a bad address or a port in use fails it (MetricsError, one line).
     server = bind_endpoint(config.metrics) if config.metrics else None
     try:
-        engine = NativeEngine.mount(engine_config(config))
+        engine = NativeEngine.mount(engine_config(config, placement.direct_writes is not None))
     except (EngineUnavailable, OSError) as err:
         log.error("fusethrottle: %s", err)
         if server is not None:
@@ -361,9 +364,9 @@ class NativeDaemon:
             log.info("the daemon stays in its memory cgroup: %s", cgroup.reason)
         if self.placement.direct_writes is not None:
             log.info(
-                "the native engine writes through the target's page cache (%s: direct writes "
-                "are the Python data plane's for now)",
+                "writes leave nothing in the target's page cache (%s)%s",
                 self.placement.direct_writes,
+                "" if self.config.writeback_cache else ", without the writeback cache",
             )
         sdnotify.notify("READY=1")
         if self.on_ready is not None:

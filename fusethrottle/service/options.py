@@ -132,7 +132,6 @@ ENGINES = ("python", "native")
 #: anything else with engine=native, the mount is refused rather than served without it.
 NATIVE_UNSUPPORTED: dict[str, object] = {
     "budget": None,
-    "target_io": "auto",
 }
 #: Whom calls to the target run as (credentials.py): the process that asked, or the daemon.
 CREDENTIAL_MODES = ("caller", "daemon")

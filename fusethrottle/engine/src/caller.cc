@@ -2,6 +2,7 @@
 
 #include "call.h"
 
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -10,7 +11,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace ft {
@@ -103,6 +106,24 @@ void stop_being_caller() {
   if (!me.known || me.uid == 0) return;
   syscall(SYS_setfsuid, 0);
   me.uid = 0;
+}
+
+Fd open_as(int path_fd, uint64_t writer, int flags, int* error) {
+  std::string path = proc_path(path_fd);
+  auto before_uid = static_cast<uid_t>(::syscall(SYS_setfsuid, -1));
+  auto before_gid = static_cast<gid_t>(::syscall(SYS_setfsgid, -1));
+  bool as_writer = ::geteuid() == 0 && writer != 0;
+  if (as_writer) {
+    ::syscall(SYS_setfsgid, static_cast<gid_t>(writer & 0xffffffffu));
+    ::syscall(SYS_setfsuid, static_cast<uid_t>(writer >> 32));
+  }
+  Fd fd(::open(path.c_str(), flags));
+  *error = fd ? 0 : errno;
+  if (as_writer) {
+    ::syscall(SYS_setfsuid, before_uid);
+    ::syscall(SYS_setfsgid, before_gid);
+  }
+  return fd;
 }
 
 }  // namespace ft

@@ -6,6 +6,10 @@
 #include <fuse_lowlevel.h>
 #include <sys/types.h>
 
+#include <cstdint>
+
+#include "fd.h"
+
 namespace ft {
 
 // Switches this thread's file-system ids and groups to its request's caller (call.h), when the daemon
@@ -20,6 +24,12 @@ void stop_being_caller();
 
 // Whether this thread runs as a caller other than the daemon now.
 bool as_caller();
+
+// Open the file *path_fd* (an O_PATH descriptor) reaches with *flags*, as *writer* (its uid
+// above its gid, Inode::writer; the daemon's own ids for 0) when the daemon is root: a
+// squashing target refuses the daemon's root, as NFS's own write-back would not be. This
+// thread's ids come back before it returns. *error*: 0, or the errno.
+Fd open_as(int path_fd, uint64_t writer, int flags, int* error);
 
 // Whether become_caller switches anything (decided once, at start).
 void set_switch_credentials(bool on);

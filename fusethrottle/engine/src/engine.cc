@@ -19,6 +19,7 @@
 namespace ft {
 
 Engine::~Engine() {
+  pages_.stop();
   if (session_ && mounted_) fuse_session_unmount(session_.get());
 }
 
@@ -63,6 +64,7 @@ int Engine::mount(std::string& error) {
     error = std::string("eventfd: ") + std::strerror(-rc);
     return rc;
   }
+  if (options_.window.drop_synced) pages_.start(session_.get());
   flusher_.start(options_.sync_threads);
   struct rlimit limit {};
   if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
@@ -96,6 +98,9 @@ void Engine::close_the_cache() {
 }
 
 void Engine::stop() {
+  // While the loop still serves: a notification the kernel holds for a page's write-back
+  // ends only when a request thread has written it.
+  pages_.stop();
   fuse_session_exit(session_.get());
   if (mounted_) {
     fuse_session_unmount(session_.get());
@@ -128,6 +133,7 @@ ft_engine* ft_engine_mount(const ft_engine_config* config, char* error, size_t e
   options.xattrs = config->xattrs != 0;
   options.killpriv_v2 = config->killpriv_v2 != 0;
   options.target_decides = config->target_decides != 0;
+  options.uncached = config->uncached != 0;
   options.window.enforce = config->enforce != 0;
   options.window.inject = config->inject != 0;
   options.window.window = config->window;
@@ -199,7 +205,7 @@ void ft_engine_read_stats(ft_engine* engine, ft_engine_stats* out) {
   out->open_handles = e.open_handles();
   out->relief_high = e.relief().high();
   out->names_dropped = e.relief().asked();
-  out->page_cache_drops = e.flusher().drops();
+  out->page_cache_drops = e.kernel_pages().dropped();
 }
 
 size_t ft_engine_read_errors(ft_engine* engine, ft_engine_error* out, size_t max) {

@@ -13,6 +13,7 @@
 #include "flusher.h"
 #include "fusethrottle_engine.h"
 #include "inode.h"
+#include "kernel_pages.h"
 #include "meter.h"
 #include "relief.h"
 #include "session_io.h"
@@ -32,6 +33,7 @@ struct Options {
   bool xattrs = true;
   bool killpriv_v2 = false;
   bool target_decides = false;  // permissions=target (fusethrottle_engine.h)
+  bool uncached = false;        // writes leave no page in the target's cache (target_io)
   WindowParams window;
   unsigned sync_threads = 4;
   MeterProfile meter;
@@ -46,7 +48,8 @@ class Engine {
   explicit Engine(Options options)
       : options_(std::move(options)),
         window_(options_.window),
-        flusher_(window_, events_),
+        pages_(inodes_),
+        flusher_(window_, events_, pages_),
         meter_(options_.meter, options_.classes),
         ceilings_(options_.metered_limit, options_.ops_limit, options_.throttle_reads, now_seconds()) {}
   Engine(const Engine&) = delete;
@@ -66,6 +69,7 @@ class Engine {
   Window& window() { return window_; }
   EventRing& events() { return events_; }
   Flusher& flusher() { return flusher_; }
+  KernelPages& kernel_pages() { return pages_; }
   bool writeback_cache() const { return writeback_cache_.load(); }
   void set_writeback_cache(bool on) { writeback_cache_.store(on); }
   size_t known_files() { return inodes_.size(); }
@@ -101,6 +105,7 @@ class Engine {
   InodeTable inodes_;
   Window window_;
   EventRing events_;
+  KernelPages pages_;  // stopped first of all (~Engine), while the session is still there
   Flusher flusher_;  // after what it uses: its threads end first
   Meter meter_;
   Ceilings ceilings_;

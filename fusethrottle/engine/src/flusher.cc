@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "caller.h"
 #include "inode.h"
 
 namespace ft {
@@ -18,23 +19,11 @@ namespace {
 // the daemon's root, as NFS's own write-back would not be); this thread's ids come back
 // before anything else runs on it.
 Fd reopen_as_writer(int path_fd, uint64_t writer, int* error) {
-  std::string path = proc_path(path_fd);
-  auto before_uid = static_cast<uid_t>(::syscall(SYS_setfsuid, -1));
-  auto before_gid = static_cast<gid_t>(::syscall(SYS_setfsgid, -1));
-  bool as_writer = ::geteuid() == 0 && writer != 0;
-  if (as_writer) {
-    ::syscall(SYS_setfsgid, static_cast<gid_t>(writer & 0xffffffffu));
-    ::syscall(SYS_setfsuid, static_cast<uid_t>(writer >> 32));
-  }
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd && errno == EACCES) fd.reset(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
-  *error = fd ? 0 : errno;
-  if (as_writer) {
-    ::syscall(SYS_setfsuid, before_uid);
-    ::syscall(SYS_setfsgid, before_gid);
-  }
+  Fd fd = open_as(path_fd, writer, O_RDONLY | O_CLOEXEC, error);
+  if (!fd && *error == EACCES) fd = open_as(path_fd, writer, O_WRONLY | O_CLOEXEC, error);
   return fd;
 }
+
 
 // Write [lo, hi) back *piece* bytes at a time, two pieces in the target's queue: the next is
 // started before the previous is waited for, so the target never idles between them and no
@@ -137,7 +126,13 @@ void Flusher::run(std::vector<SyncJob>& jobs) {
     int error = sync_job(job);
     in_flight_--;
     fsyncs_++;
-    if (error == 0 && job.drop && job.lo >= 0 && job.hi > job.lo) drops_++;
+    // The mount's own copy too (drop_synced), of a file synced on its own: a group of small
+    // released files is not (the Python data plane's rule).
+    bool ranged = job.lo >= 0 && job.hi > job.lo;
+    if (error == 0 && job.drop && ranged && jobs.size() == 1 && job.reason != SyncReason::kEnd &&
+        job.reason != SyncReason::kForget) {
+      pages_.drop(job.inode, job.lo, job.hi);
+    }
     event.bytes += job.bytes;
     if (error != 0) {
       errors_++;

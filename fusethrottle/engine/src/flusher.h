@@ -12,13 +12,15 @@
 #include <vector>
 
 #include "events.h"
+#include "kernel_pages.h"
 #include "window.h"
 
 namespace ft {
 
 class Flusher {
  public:
-  Flusher(Window& window, EventRing& events) : window_(window), events_(events) {}
+  Flusher(Window& window, EventRing& events, KernelPages& pages)
+      : window_(window), events_(events), pages_(pages) {}
   Flusher(const Flusher&) = delete;
   Flusher& operator=(const Flusher&) = delete;
   ~Flusher() { stop_threads(); }
@@ -31,8 +33,6 @@ class Flusher {
   uint64_t fsyncs() const { return fsyncs_.load(); }
   uint64_t errors() const { return errors_.load(); }
   uint64_t in_flight() const { return in_flight_.load(); }
-  // Synced ranges dropped from the target's page cache (drop_synced).
-  uint64_t drops() const { return drops_.load(); }
 
  private:
   void decide();
@@ -44,6 +44,7 @@ class Flusher {
 
   Window& window_;
   EventRing& events_;
+  KernelPages& pages_;
   bool stopping_ = false;  // read by the deciding thread under the window's lock
   std::thread decider_;
   std::vector<std::thread> workers_;
@@ -51,7 +52,7 @@ class Flusher {
   std::condition_variable queue_cv_;
   std::deque<SyncJob> queue_;
   bool draining_ = false;
-  std::atomic<uint64_t> fsyncs_{0}, errors_{0}, in_flight_{0}, drops_{0};
+  std::atomic<uint64_t> fsyncs_{0}, errors_{0}, in_flight_{0};
 };
 
 // fsync what *job* covers, as the file's writer: its written range in pieces first, dropped

@@ -79,6 +79,9 @@ struct ft_engine_config {
                              * caller, nothing it refuses is made as the daemon */
   struct ft_engine_meter meter;
   double admission_bounds[FT_ADMISSION_BOUNDS];
+  int uncached;             /* target_io: writes leave no page in the target's page cache
+                             * (whole pages through O_DIRECT, the rest written back, waited
+                             * for and dropped), where the daemon shares a memory cgroup */
 };
 
 
@@ -122,7 +125,7 @@ struct ft_engine_stats {
   uint64_t open_handles;          /* files and directories open through the mount */
   uint64_t relief_high;           /* known files at which the kernel is asked to drop names */
   uint64_t names_dropped;         /* names the kernel was asked to drop */
-  uint64_t page_cache_drops;      /* synced ranges dropped from the target's page cache */
+  uint64_t page_cache_drops;      /* synced ranges dropped from the mount's own page cache */
 };
 
 /* Error answers of one request kind with one errno (ft_engine_read_errors). */

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 #include "fd.h"
 
@@ -29,6 +30,12 @@ struct OpenFile {
   Fd fd;
   bool direct = false;  // opened with O_DIRECT: its data goes through an aligned buffer
   Tally tally;
+  // Writes leave no page in the target's page cache (target_io, ops.cc: write_uncached): a
+  // second descriptor for O_DIRECT writes, opened at the first whole run of pages, tried once
+  // (none where the target has no direct I/O or refuses the reopen).
+  std::mutex uncached_lock;
+  bool uncached_tried = false;
+  Fd uncached;
 };
 
 struct DirCloser {

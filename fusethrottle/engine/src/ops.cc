@@ -654,6 +654,49 @@ int write_direct(int fd, fuse_bufvec* in, off_t off, ssize_t* n) {
   return *n < 0 ? failed() : 0;
 }
 
+int write_through(int fd, fuse_bufvec* in, off_t off, ssize_t* n);
+
+// Offsets and lengths of an O_DIRECT write to the target: the page size (what the writeback
+// cache hands over, and enough for any device's logical block).
+constexpr off_t kDirectAlign = 4096;
+
+// The handle's descriptor for O_DIRECT writes, opened at its first use as the file's writer;
+// -1 where there is none (EINVAL: no direct I/O on the target; EACCES, EPERM: the file is
+// writable only through the descriptor its creator got, as tar's read-only members).
+int uncached_descriptor(OpenFile& file, const Inode& inode) {
+  std::lock_guard<std::mutex> guard(file.uncached_lock);
+  if (!file.uncached_tried) {
+    file.uncached_tried = true;
+    int error = 0;
+    file.uncached = open_as(inode.fd(), inode.writer(), O_WRONLY | O_DIRECT | O_CLOEXEC, &error);
+  }
+  return file.uncached.get();
+}
+
+// Write *in* at *off* leaving none of it in the target's page cache (target_io=direct, or
+// auto where the daemon shares its memory cgroup: there an application's reclaim that meets
+// the target's pages under write-back waits for them, seconds behind a slow target). Whole
+// pages go through O_DIRECT and make no page at all; the rest (a file's last partial page, an
+// unaligned write without the writeback cache, a target without direct I/O) is written
+// through the cache, written back and waited for, then dropped.
+int write_uncached(OpenFile& file, const Inode& inode, fuse_bufvec* in, off_t off, ssize_t* n) {
+  auto size = static_cast<off_t>(fuse_buf_size(in));
+  if (size > 0 && off % kDirectAlign == 0 && size % kDirectAlign == 0) {
+    int direct = uncached_descriptor(file, inode);
+    if (direct >= 0) return write_direct(direct, in, off, n);
+  }
+  int fd = file.fd.get();
+  int err = write_through(fd, in, off, n);
+  if (err == 0 && *n > 0) {
+    ::sync_file_range(fd, off, *n, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+    // Whole pages: the kernel keeps a partly covered one (clean now all the same).
+    off_t first = off - off % kDirectAlign;
+    off_t end = (off + *n + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    ::posix_fadvise(fd, first, end - first, POSIX_FADV_DONTNEED);
+  }
+  return err;
+}
+
 int write_through(int fd, fuse_bufvec* in, off_t off, ssize_t* n) {
   fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
   out.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
@@ -681,13 +724,20 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
   size_t size = fuse_buf_size(in);
   engine.pay(FT_OP_WRITE, size);
   engine.window().admit(size);
-  const OpenFile& file = borrow<OpenFile>(fi);
+  OpenFile& file = borrow<OpenFile>(fi);
   ssize_t n = 0;
   int err;
   {
-    KernelView& view = inode_of(req, node).view;
+    Inode& inode = inode_of(req, node);
+    KernelView& view = inode.view;
     KernelView::Change change(view);
-    err = file.direct ? write_direct(file.fd.get(), in, off, &n) : write_through(file.fd.get(), in, off, &n);
+    if (file.direct) {
+      err = write_direct(file.fd.get(), in, off, &n);
+    } else if (engine.options().uncached) {
+      err = write_uncached(file, inode, in, off, &n);
+    } else {
+      err = write_through(file.fd.get(), in, off, &n);
+    }
     if (!err) view.wrote_to(off + n);
   }
   engine.window().landed(engine.inodes().share(node), size, err ? 0 : n, off);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "../src/ceilings.h"
 #include "../src/inode.h"
 #include "../src/kernel_view.h"
 #include "../src/window.h"
@@ -262,7 +263,40 @@ void test_the_mounts_own_writes_are_not_taken_for_another_writers() {
   CHECK(view.mtime_unknown());
 }
 
+void test_the_ceilings_price_by_the_profile_and_hold_a_write_over_the_budget() {
+  ft::MeterProfile efs;  // meter.py's efs profile
+  ft::Charge one_byte = ft::price(efs, ft::OpClass::kDataWrite, 1);
+  CHECK(one_byte.metered == 32 * 1024 && one_byte.units == 5);  // a full 32 KiB minimum
+  ft::Charge read = ft::price(efs, ft::OpClass::kDataRead, 40000);
+  CHECK(read.metered == 13654 && read.units == 1);  // 40 KiB at a third, rounded up
+  CHECK(ft::price(efs, ft::OpClass::kNone, 1 << 20).metered == 0);
+
+  ft::TokenBucket bucket(100, 50, 0);
+  CHECK(bucket.delay_for(0, 50) == 0);    // the burst goes at once
+  CHECK(bucket.delay_for(0, 100) == 1.0); // then the rate: in debt, callers queue behind it
+  CHECK(bucket.delay_for(1.0, 0) == 0);
+  bucket.refund(2.0, 100);
+  CHECK(bucket.delay_for(2.0, 50) == 0);  // refilled, and never above the burst
+  CHECK(ft::TokenBucket(0, 0, 0).delay_for(0, 1e12) == 0);  // rate 0: no ceiling
+
+  // 1 MiB/s: the first MiB is the burst, the next half MiB waits half a second at least.
+  ft::Ceilings ceilings(double(MiB), 0, false, ft::now_seconds());
+  ceilings.pay(ft::OpClass::kDataWrite, {MiB, 5});
+  auto start = std::chrono::steady_clock::now();
+  ceilings.pay(ft::OpClass::kDataWrite, {MiB / 2, 5});
+  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(400));
+  ceilings.pay(ft::OpClass::kMetaRead, {1 << 30, 1});  // reads do not wait unless asked
+  CHECK(ceilings.stats().delayed == 1);
+  // A request that would wait ten seconds goes as soon as the mount closes.
+  std::thread waiter([&] { ceilings.pay(ft::OpClass::kDataWrite, {10 * MiB, 5}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ceilings.open_up();
+  waiter.join();
+  CHECK(ceilings.stats().delayed == 2);
+}
+
 int main() {
+  test_the_ceilings_price_by_the_profile_and_hold_a_write_over_the_budget();
   test_pure_rules();
   test_a_file_is_due_at_its_batch_on_release_and_by_age();
   test_under_pressure_the_largest_file_is_synced_below_its_batch();

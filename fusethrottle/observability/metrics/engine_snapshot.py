@@ -51,9 +51,14 @@ def capability_question(stats: EngineStats) -> str:
 
 def _memory_facts(placement: Placement) -> dict[str, object]:
     cgroup = placement.cgroup
+    uncached = placement.direct_writes or ""
     if cgroup.path is None:
-        return {"memory_cgroup": cgroup.reason or "off (memory_cgroup=off)"}
+        return {
+            "memory_cgroup": cgroup.reason or "off (memory_cgroup=off)",
+            "target_writes_uncached": uncached,
+        }
     return {
+        "target_writes_uncached": uncached,
         "memory_cgroup": str(cgroup.path),
         "memory_cgroup_own": True,
         "memory_cgroup_usage_bytes": cgroup.usage(),

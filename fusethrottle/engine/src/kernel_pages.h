@@ -1,0 +1,63 @@
+// Dropping what the target has committed from the mount's own page cache.
+//
+// Every byte a backup writes through the mount sits in two page caches: the mount's (where the
+// application's write() put it) and the target's. The flusher drops the target's copy once it
+// is synced (posix_fadvise); the mount's copy is charged to the application's memory cgroup
+// and stays, clean, until reclaim finds it: a backup of 10 GiB leaves up to 10 GiB of pages
+// nobody reads again, pushing a database's data out of the same cgroup. Only the kernel can
+// drop them: FUSE_NOTIFY_INVAL_INODE names a node and a byte range. The kernel writes back a
+// page in the range that is dirty again first, through this engine's request threads, and a
+// notification may wait for them: so a thread of its own sends them, never a request's or a
+// sync's. The same rule as the Python data plane's (fusethrottle/adapter/kernel_pages.py).
+#pragma once
+
+#include <fuse_lowlevel.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+namespace ft {
+
+class Inode;
+class InodeTable;
+
+class KernelPages {
+ public:
+  explicit KernelPages(InodeTable& table) : table_(table) {}
+  KernelPages(const KernelPages&) = delete;
+  KernelPages& operator=(const KernelPages&) = delete;
+  ~KernelPages() { stop(); }
+
+  void start(fuse_session* session);
+  // End the thread (before the session goes); later drops are ignored.
+  void stop();
+  // Ask for [lo, hi) of *inode*'s pages to be dropped (not the page the application may still
+  // be filling: its next write would read it back first). Ranges of one file queued meanwhile
+  // are merged. Holding the inode keeps its node id from naming another file meanwhile.
+  void drop(std::shared_ptr<Inode> inode, int64_t lo, int64_t hi);
+  // Ranges the kernel was asked to drop and did (it had not forgotten the file).
+  uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Range {
+    std::shared_ptr<Inode> inode;
+    int64_t lo, hi;
+  };
+  void run();
+
+  InodeTable& table_;
+  fuse_session* session_ = nullptr;
+  std::mutex lock_;
+  std::condition_variable wake_;
+  std::unordered_map<const Inode*, Range> pending_;
+  bool stopping_ = false;
+  std::thread thread_;
+  std::atomic<uint64_t> dropped_{0};
+};
+
+}  // namespace ft
