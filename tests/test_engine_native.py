@@ -125,7 +125,12 @@ def test_a_native_mounts_status_is_the_same_picture_of_what_the_engine_counted()
     assert answer["unsynced_bytes"] == 24 << 20
     assert answer["read_bytes"] == 3 << 10
     assert answer["target_operations"] == {"lookup": 40, "write": 900, "getxattr": 7}
-    assert answer["target_errors"] == [["lookup", "ENOENT", 3], ["write", "ENOSPC", 1]]
+    # The engine's error answers, and the injected fsync that failed.
+    assert answer["target_errors"] == [
+        ["fsync", "EIO", 1],
+        ["lookup", "ENOENT", 3],
+        ["write", "ENOSPC", 1],
+    ]
     assert answer["admission_wait"]["counts"][2] == 4
     text = format_status(answer, now=60.0)
     assert "mode static, native engine" in text, text
@@ -134,7 +139,7 @@ def test_a_native_mounts_status_is_the_same_picture_of_what_the_engine_counted()
     assert "by reason: batch 2, release 1" in text, text
     assert "data_write      900 ops   900.0 MiB   900.0 MiB metered     4.5k units" in text, text
     assert "metered 10.0 MiB/s" in text and "12 request(s) delayed, 3.5 s in all" in text, text
-    assert "errors       lookup ENOENT x3, write ENOSPC x1" in text, text
+    assert "errors       fsync EIO x1, lookup ENOENT x3, write ENOSPC x1" in text, text
     assert "7 inodes held (bound 15000, 9 names handed back to the kernel), 2 open handles" in text
     assert "30 synced range(s) dropped" in text, text
     assert "security.capability asked once per file (FUSE_HANDLE_KILLPRIV_V2)" in text, text
@@ -142,7 +147,7 @@ def test_a_native_mounts_status_is_the_same_picture_of_what_the_engine_counted()
         EngineStats(known_files=0, writeback_cache=True, written_bytes=0, xattrs=False), []
     )
     assert no_xattrs["capability_question"] == "never (xattrs not served)"
-    assert "errors       none from the target" in format_status(no_xattrs, now=1.0)
+    assert "errors       fsync EIO x1" in format_status(no_xattrs, now=1.0)
 
 
 def _maps(pid: int) -> str:

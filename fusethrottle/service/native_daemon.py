@@ -216,7 +216,7 @@ class NativeDaemon:
             unsynced = self._name_unsynced()
             log.error(
                 "%d file(s) could not be synced before exit: the target did not answer in time",
-                unsynced,
+                len(unsynced),
             )
             self.exit_code = 1
             return
@@ -233,24 +233,26 @@ class NativeDaemon:
         for event in self.engine.read_events():  # the end's own syncs
             if isinstance(event, LostEvent):
                 self._lost_data(event)
+        named: set[str] = set()
         if failed:
-            self._name_unsynced()
+            named = self._name_unsynced()
             log.error("%d file(s) written through the mount could not be synced", failed)
             self.exit_code = 1
         else:
             log.info("all data synced")
         # Whose writers were told: the exit status does not count them, the operator needs
-        # their names all the same.
+        # their names all the same (once: those named above are not).
         for path, error in self._lost.values():
-            log.warning("incomplete on the target: %s (%s)", path, os.strerror(error))
+            if path not in named:
+                log.warning("incomplete on the target: %s (%s)", path, os.strerror(error))
 
-    def _name_unsynced(self) -> int:
-        """Log every file whose data is not on the target, one line each: how many."""
+    def _name_unsynced(self) -> set[str]:
+        """Log every file whose data is not on the target, one line each: their paths."""
         unsynced = self.engine.unsynced()
         for path, error in unsynced:
             reason = os.strerror(error) if error else "the target did not answer"
             log.error("not on the target: %s (%s)", path, reason)
-        return len(unsynced)
+        return {path for path, _ in unsynced}
 
     # -- the controller ----------------------------------------------------------------------
 
@@ -262,13 +264,7 @@ class NativeDaemon:
             await trio.lowlevel.wait_readable(fd)
             with contextlib.suppress(BlockingIOError):
                 os.read(fd, 8)
-            events = self.engine.read_events()
-            stats = self.engine.stats()
-            for event in events:
-                if isinstance(event, LostEvent):
-                    self._lost_data(event)
-                else:
-                    self._sampled(event, stats.unsynced_bytes, stats.window_bytes)
+            self._take_events()
             total = effective_window(self.controller.window, self.controller.commit_rate)
             if total != self._total:
                 self._total = total
@@ -276,8 +272,23 @@ class NativeDaemon:
                 await trio.to_thread.run_sync(self.kernel_cache.update, total)
             self._hand_window()
 
+    def _take_events(self) -> None:
+        """Every event the engine queued: fsyncs to the controller and the histograms, lost
+        data to the log (on the event loop)."""
+        events = self.engine.read_events()
+        if not events:
+            return
+        stats = self.engine.stats()
+        for event in events:
+            if isinstance(event, LostEvent):
+                self._lost_data(event)
+            else:
+                self._sampled(event, stats.unsynced_bytes, stats.window_bytes)
+
     def _snapshot(self, history: RateHistory, now: float, sample: bool) -> Snapshot:
-        """The mount now, as status and the metrics show it (on the event loop)."""
+        """The mount now, as status and the metrics show it (on the event loop): the events
+        queued meanwhile first, so every fsync that ended is in it."""
+        self._take_events()
         view = EngineView(
             self.engine.stats(),
             self.engine.errors(),

@@ -179,7 +179,9 @@ size_t Flusher::finish() {
       run(one);
     }
   }
-  return window_.stats().dirty_files;
+  // And those whose failed sync's error never reached their writer: a retry that succeeded
+  // after it does not bring back the pages the target dropped.
+  return window_.owing().size();
 }
 
 }  // namespace ft

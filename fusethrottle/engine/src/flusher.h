@@ -27,7 +27,7 @@ class Flusher {
 
   void start(unsigned sync_threads);
   // For the end: finish the syncs under way, then fsync every file still dirty (three tries):
-  // how many files are still un-synced after.
+  // how many files are still un-synced after, or owe their writer a failure.
   size_t finish();
 
   uint64_t fsyncs() const { return fsyncs_.load(); }

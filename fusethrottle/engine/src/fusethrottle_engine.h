@@ -168,7 +168,8 @@ void ft_engine_read_stats(struct ft_engine *engine, struct ft_engine_stats *out)
  * attribute the kernel holds, so a writer still writing is refused, not acknowledged. */
 void ft_engine_close_the_cache(struct ft_engine *engine);
 /* After serve() has returned: finish the fsyncs under way and fsync every file still
- * un-synced (three tries): how many files are still un-synced. */
+ * un-synced (three tries): how many files are still un-synced, or had a sync fail that their
+ * writer was never told of (ft_engine_unsynced names them). */
 uint64_t ft_engine_sync_all(struct ft_engine *engine);
 /* A descriptor that turns readable when events are queued (read it to reset it). */
 int ft_engine_events_fd(struct ft_engine *engine);

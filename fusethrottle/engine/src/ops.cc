@@ -650,8 +650,17 @@ int write_direct(int fd, fuse_bufvec* in, off_t off, ssize_t* n) {
   staged.buf[0].mem = buf;
   ssize_t copied = fuse_buf_copy(&staged, in, static_cast<fuse_buf_copy_flags>(0));
   if (copied < 0) return static_cast<int>(-copied);
-  *n = ::pwrite(fd, buf, static_cast<size_t>(copied), off);
-  return *n < 0 ? failed() : 0;
+  ssize_t done = 0;
+  while (done < copied) {  // the rest of a short write, as write_through
+    ssize_t got = ::pwrite(fd, buf + done, static_cast<size_t>(copied - done), off + done);
+    if (got <= 0) {
+      *n = done;
+      return got < 0 ? failed() : EIO;
+    }
+    done += got;
+  }
+  *n = done;
+  return 0;
 }
 
 int write_through(int fd, fuse_bufvec* in, off_t off, ssize_t* n);
@@ -687,7 +696,7 @@ int write_uncached(OpenFile& file, const Inode& inode, fuse_bufvec* in, off_t of
   }
   int fd = file.fd.get();
   int err = write_through(fd, in, off, n);
-  if (err == 0 && *n > 0) {
+  if (*n > 0) {  // what landed, the part before a failure too
     ::sync_file_range(fd, off, *n, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
     // Whole pages: the kernel keeps a partly covered one (clean now all the same).
     off_t first = off - off % kDirectAlign;
@@ -697,13 +706,38 @@ int write_uncached(OpenFile& file, const Inode& inode, fuse_bufvec* in, off_t of
   return err;
 }
 
+// A target that takes only part of a write (a nearly full one) is asked for the rest until
+// it says why not: the kernel takes the answer to its write-back as all or nothing, so a short
+// count would acknowledge pages the target never got. *n*: what landed, error or not.
 int write_through(int fd, fuse_bufvec* in, off_t off, ssize_t* n) {
-  fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
-  out.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
-  out.buf[0].fd = fd;
-  out.buf[0].pos = off;
-  *n = fuse_buf_copy(&out, in, static_cast<fuse_buf_copy_flags>(0));
-  return *n < 0 ? static_cast<int>(-*n) : 0;
+  size_t size = fuse_buf_size(in);
+  size_t done = 0;
+  while (done < size) {
+    fuse_bufvec out = FUSE_BUFVEC_INIT(size - done);
+    out.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+    out.buf[0].fd = fd;
+    out.buf[0].pos = off + static_cast<off_t>(done);
+    // It carries on from where the last copy stopped in *in*.
+    ssize_t got = fuse_buf_copy(&out, in, static_cast<fuse_buf_copy_flags>(0));
+    if (got <= 0) {
+      *n = static_cast<ssize_t>(done);
+      return got < 0 ? static_cast<int>(-got) : EIO;
+    }
+    done += static_cast<size_t>(got);
+  }
+  *n = static_cast<ssize_t>(done);
+  return 0;
+}
+
+// A failed injected sync's errno, handed to the application once, through the handle's *fd*.
+// The target keeps its own record of that failure for this descriptor (errseq: it was open
+// before the failed sync), so the application's next fsync would hear of it a second time:
+// an fdatasync here consumes that record (what it reports is the same failure, or one after
+// it that this report covers, as the kernel's errseq would).
+int report_pending(Window& window, Inode& inode, int fd) {
+  int error = window.take_error(inode);
+  if (error != 0) ::fdatasync(fd);
+  return error;
 }
 
 void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, fuse_file_info* fi) {
@@ -714,7 +748,8 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
   // and close.
   if (!engine.writeback_cache()) {
     if (refused(req)) return;
-    if (int pending = engine.window().take_error(inode_of(req, node))) return (void)answer(fuse_reply_err, req, pending);
+    int pending = report_pending(engine.window(), inode_of(req, node), borrow<OpenFile>(fi).fd.get());
+    if (pending != 0) return (void)answer(fuse_reply_err, req, pending);
   }
   // A caller's own write reaches the target as that caller, so the target removes set-ID
   // bits and the file capability as it would for them (see session_io.h); the kernel's
@@ -740,7 +775,8 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
     }
     if (!err) view.wrote_to(off + n);
   }
-  engine.window().landed(engine.inodes().share(node), size, err ? 0 : n, off);
+  // What landed owes the target a sync, the part before a failure too.
+  engine.window().landed(engine.inodes().share(node), size, n, off);
   if (err) {
     engine.events().lost(node, inode_of(req, node).fd(), err);
     return (void)answer(fuse_reply_err, req, err);
@@ -766,7 +802,7 @@ void op_flush(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
     if (::statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_MTIME, &sx) == 0)
       view->learn_mtime(sx.stx_mtime.tv_sec * 1000000000LL + sx.stx_mtime.tv_nsec, since);
   }
-  int pending = engine_of(req).window().take_error(inode_of(req, node));
+  int pending = report_pending(engine_of(req).window(), inode_of(req, node), fd);
   answer(fuse_reply_err, req, err != 0 ? err : pending);
 }
 

@@ -89,7 +89,11 @@ def engine_snapshot(
         sum(c.units for c in meter.values()),
     )
     waits = s.admission_waits or (0,) * (len(ADMISSION_BUCKETS) + 1)
-    errors = tuple(sorted((op, errno_name(code), n) for op, code, n in view.errors))
+    # The engine's error answers, and the injected fsyncs that failed (no request of a caller).
+    failed: dict[tuple[str, int], int] = dict(recorder.target_errors)
+    for op, code, n in view.errors:
+        failed[(op, code)] = failed.get((op, code), 0) + n
+    errors = tuple(sorted((op, errno_name(code), n) for (op, code), n in failed.items()))
     mono = time.monotonic()
     return Snapshot(
         taken=time.time(),
