@@ -24,6 +24,7 @@ from .snapshot import (
     MountFacts,
     RateHistory,
     Snapshot,
+    cgroup_facts,
     errno_name,
     recent_fsyncs,
 )
@@ -47,23 +48,6 @@ def capability_question(stats: EngineStats) -> str:
     if stats.killpriv_v2:
         return "once per file (FUSE_HANDLE_KILLPRIV_V2)"
     return "before every write()"
-
-
-def _memory_facts(placement: Placement) -> dict[str, object]:
-    cgroup = placement.cgroup
-    uncached = placement.direct_writes or ""
-    if cgroup.path is None:
-        return {
-            "memory_cgroup": cgroup.reason or "off (memory_cgroup=off)",
-            "target_writes_uncached": uncached,
-        }
-    return {
-        "target_writes_uncached": uncached,
-        "memory_cgroup": str(cgroup.path),
-        "memory_cgroup_own": True,
-        "memory_cgroup_usage_bytes": cgroup.usage(),
-        "memory_cgroup_limit_bytes": cgroup.limit,
-    }
 
 
 def engine_snapshot(
@@ -135,6 +119,7 @@ def engine_snapshot(
         names_dropped=s.names_dropped,
         capability_question=capability_question(s),
         page_cache_drops=s.page_cache_drops,
+        target_writes_uncached=placement.direct_writes or "",
         engine="native",
-        **_memory_facts(placement),  # type: ignore[arg-type]
+        **cgroup_facts(placement.cgroup),
     )

@@ -223,25 +223,28 @@ def meter_totals(meter: Meter) -> dict[str, ClassTotals]:
     return {cls.value: snap[cls] for cls in OpClass}
 
 
+def cgroup_facts(cgroup: OwnMemoryCgroup | None) -> dict[str, Any]:
+    """Where the target's page cache is charged: the daemon's own memory cgroup and its use,
+    or why it stayed in the one it started in (both data planes)."""
+    if cgroup is None:
+        return {}
+    if cgroup.path is None:
+        return {"memory_cgroup": cgroup.reason or "off (memory_cgroup=off)"}
+    return {
+        "memory_cgroup": str(cgroup.path),
+        "memory_cgroup_own": True,
+        "memory_cgroup_usage_bytes": cgroup.usage(),
+        "memory_cgroup_limit_bytes": cgroup.limit,
+    }
+
+
 def _memory_facts(mount: Mount) -> dict[str, Any]:
     """Where the target's page cache is charged, and how much the mount dropped."""
-    out: dict[str, Any] = {
+    return {
         "page_cache_drops": mount.kernel_pages.dropped_ranges,
         "target_writes_uncached": mount.direct_writes or "",
+        **cgroup_facts(mount.memory_cgroup),
     }
-    cgroup: OwnMemoryCgroup | None = mount.memory_cgroup
-    if cgroup is None:
-        return out
-    if cgroup.path is not None:
-        out |= {
-            "memory_cgroup": str(cgroup.path),
-            "memory_cgroup_own": True,
-            "memory_cgroup_usage_bytes": cgroup.usage(),
-            "memory_cgroup_limit_bytes": cgroup.limit,
-        }
-    else:
-        out["memory_cgroup"] = cgroup.reason or "off (memory_cgroup=off)"
-    return out
 
 
 def _capability_question(ops: Any) -> str:
