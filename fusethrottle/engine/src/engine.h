@@ -51,7 +51,10 @@ class Engine {
         pages_(inodes_),
         flusher_(window_, events_, pages_),
         meter_(options_.meter, options_.classes),
-        ceilings_(options_.metered_limit, options_.ops_limit, options_.throttle_reads, now_seconds()) {}
+        ceilings_(options_.metered_limit, options_.ops_limit, options_.throttle_reads, now_seconds()) {
+    // A forgotten file the window synced leaves the table (see InodeTable::forget).
+    window_.when_settled([this](const std::shared_ptr<Inode>& inode) { inodes_.settled(inode); });
+  }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
   ~Engine();

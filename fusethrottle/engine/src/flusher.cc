@@ -122,7 +122,14 @@ void Flusher::run(std::vector<SyncJob>& jobs) {
   event.node = reinterpret_cast<uint64_t>(jobs.front().inode.get());
   in_flight_ += jobs.size();
   double start = now_seconds();
+  size_t ran = 0;
   for (auto& job : jobs) {
+    if (window_.removing(*job.inode)) {  // its last name is being removed: no sync
+      in_flight_--;
+      window_.dropped(job);
+      continue;
+    }
+    ran++;
     int error = sync_job(job);
     in_flight_--;
     fsyncs_++;
@@ -144,6 +151,7 @@ void Flusher::run(std::vector<SyncJob>& jobs) {
     }
     window_.end_sync(job, error);
   }
+  if (ran == 0) return;
   double end = now_seconds();
   event.seconds = end - start;
   event.at = end;

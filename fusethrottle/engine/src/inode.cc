@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <string>
+#include <thread>
 
 namespace ft {
 
@@ -79,7 +80,9 @@ std::vector<InodeTable::Name> InodeTable::oldest_names(size_t count,
   std::vector<Inode*> candidates;
   candidates.reserve(known_.size());
   for (auto& [key, inode] : known_) {
-    if (inode->parent_ != 0 && inode->asked_until_ <= now) candidates.push_back(inode.get());
+    if (inode->parent_ != 0 && inode->lookups_ != 0 && inode->asked_until_ <= now) {
+      candidates.push_back(inode.get());
+    }
   }
   count = std::min(count, candidates.size());
   auto older = [](const Inode* a, const Inode* b) { return a->born_ < b->born_; };
@@ -94,19 +97,33 @@ std::vector<InodeTable::Name> InodeTable::oldest_names(size_t count,
   return out;
 }
 
-std::shared_ptr<Inode> InodeTable::forget(fuse_ino_t node, uint64_t n) {
+std::shared_ptr<Inode> InodeTable::forget(
+    fuse_ino_t node, uint64_t n, const std::function<bool(const std::shared_ptr<Inode>&)>& owed) {
   if (node == FUSE_ROOT_ID) return nullptr;
   std::lock_guard<std::mutex> guard(lock_);
   auto* inode = reinterpret_cast<Inode*>(node);
   inode->lookups_ -= n < inode->lookups_ ? n : inode->lookups_;
   if (inode->lookups_ != 0) return nullptr;
   if (auto was = detached_.find(inode); was != detached_.end()) {
+    // No name finds it again: the window alone keeps it while it owes.
     std::shared_ptr<Inode> gone = std::move(was->second);
     detached_.erase(was);
+    owed(gone);
     return gone;
   }
   auto it = known_.find(inode->key());
   if (it == known_.end() || it->second.get() != inode) return nullptr;
+  if (owed(it->second)) return nullptr;  // known, with no lookup, until settled()
+  std::shared_ptr<Inode> gone = std::move(it->second);
+  known_.erase(it);
+  return gone;
+}
+
+std::shared_ptr<Inode> InodeTable::settled(const std::shared_ptr<Inode>& inode) {
+  std::lock_guard<std::mutex> guard(lock_);
+  if (inode->lookups_ != 0) return nullptr;  // looked up again: the kernel holds it
+  auto it = known_.find(inode->key());
+  if (it == known_.end() || it->second != inode) return nullptr;
   std::shared_ptr<Inode> gone = std::move(it->second);
   known_.erase(it);
   return gone;
@@ -118,23 +135,51 @@ std::shared_ptr<Inode> InodeTable::find(InodeKey key) {
   return it == known_.end() ? nullptr : it->second;
 }
 
+bool Inode::shut() {
+  return (use_.fetch_or(kLetGo, std::memory_order_acq_rel) & kLetGo) == 0;
+}
+
+bool Inode::drained(std::chrono::milliseconds bound) {
+  auto until = std::chrono::steady_clock::now() + bound;
+  auto pause = std::chrono::microseconds(20);
+  while ((use_.load(std::memory_order_acquire) & ~kLetGo) != 0) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
 bool InodeTable::detach(Inode& inode, const struct stat& last) {
   // An unbound socket: nothing on the target, and a reopen through /proc fails (ENXIO).
   Fd placeholder(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (!placeholder) return false;
-  std::lock_guard<std::mutex> guard(lock_);
-  auto it = known_.find(inode.key());
-  if (it == known_.end() || it->second.get() != &inode) return false;
-  inode.removed_ = last;  // read only once let go of
-  inode.removed_.st_nlink = 0;
-  uint32_t idle = 0;  // no call through the descriptor under way, none let in after
-  if (!inode.use_.compare_exchange_strong(idle, Inode::kLetGo, std::memory_order_acq_rel)) return false;
-  if (::dup3(placeholder.get(), inode.fd(), O_CLOEXEC) < 0) {
-    inode.use_.store(0, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> guard(lock_);
+    auto it = known_.find(inode.key());
+    if (it == known_.end() || it->second.get() != &inode || inode.detached()) return false;
+    inode.removed_ = last;  // read only once let go of
+    inode.removed_.st_nlink = 0;
+    if (!inode.shut()) return false;
+  }
+  // Outside the table's lock: a call under way may need it.
+  if (!inode.drained(kDrainBound)) {
+    inode.reopen();
     return false;
   }
-  detached_.emplace(&inode, std::move(it->second));
-  known_.erase(it);
+  std::lock_guard<std::mutex> guard(lock_);
+  if (::dup3(placeholder.get(), inode.fd(), O_CLOEXEC) < 0) {
+    inode.reopen();
+    return false;
+  }
+  // Forgotten meanwhile, it is out of the table already: its descriptor closes with the last
+  // holder, the placeholder's now.
+  auto it = known_.find(inode.key());
+  if (it != known_.end() && it->second.get() == &inode) {
+    // Kept for the kernel's node id until it forgets it; one it forgot already goes now.
+    if (inode.lookups_ != 0) detached_.emplace(&inode, std::move(it->second));
+    known_.erase(it);
+  }
   return true;
 }
 
@@ -154,7 +199,9 @@ std::vector<fuse_ino_t> InodeTable::nodes() {
   std::lock_guard<std::mutex> guard(lock_);
   std::vector<fuse_ino_t> out;
   out.reserve(known_.size() + detached_.size());
-  for (auto& [key, inode] : known_) out.push_back(reinterpret_cast<fuse_ino_t>(inode.get()));
+  for (auto& [key, inode] : known_) {
+    if (inode->lookups_ != 0) out.push_back(reinterpret_cast<fuse_ino_t>(inode.get()));
+  }
   for (auto& [at, inode] : detached_) out.push_back(reinterpret_cast<fuse_ino_t>(inode.get()));
   return out;
 }

@@ -64,6 +64,15 @@ class Inode : public std::enable_shared_from_this<Inode> {
     return true;
   }
   void leave() { use_.fetch_sub(1, std::memory_order_acq_rel); }
+  // A removal lets go of it: no call enters from now on (false: another removal did first),
+  // and those under way are waited for, at most *bound* (false: one still is, and calls are
+  // let in again). A call under way is one system call on the target (a stat, an attribute,
+  // an xattr), often one the kernel sent by itself (the writeback cache's mtime after a
+  // close): a removal that went ahead meanwhile left the file allocated until it ended, and
+  // on NFS renamed it to .nfsXXXX.
+  bool shut();
+  bool drained(std::chrono::milliseconds bound);
+  void reopen() { use_.fetch_and(~kLetGo, std::memory_order_acq_rel); }
   // Its attributes when it was let go of, with no link left (valid once detached()).
   const struct stat& removed() const { return removed_; }
   // Whether *type* and *handle*, just looked up under its key, are this object (see handle_of;
@@ -155,9 +164,16 @@ class InodeTable {
   // kernel's node id stays valid until it forgets it) and the new object gets a node of its
   // own.
   fuse_ino_t remember(Fd path, const struct stat& st, std::string handle);
-  // The kernel dropped *n* lookups of *node*: at none, the table lets it go and hands it
-  // back (the window keeps it while it owes a sync; its descriptor closes with the last).
-  std::shared_ptr<Inode> forget(fuse_ino_t node, uint64_t n);
+  // The kernel dropped *n* lookups of *node*: at none, *owed* is asked whether the file
+  // still owes a sync (the window keeps it then). One that owes stays known by its key with
+  // no lookup, so a new lookup of the file finds the same inode, its data and descriptors,
+  // not a second one beside it (a removal through the new one left the old one's descriptors
+  // holding the file: its space allocated, on NFS a silly rename), until settled(). Returns
+  // the inode when it leaves the table (its descriptor closes with the last holder).
+  std::shared_ptr<Inode> forget(fuse_ino_t node, uint64_t n,
+                                const std::function<bool(const std::shared_ptr<Inode>&)>& owed);
+  // A forgotten file owes nothing more: it leaves the table unless looked up again since.
+  std::shared_ptr<Inode> settled(const std::shared_ptr<Inode>& inode);
 
   // The file known by *key*, if the kernel holds it.
   std::shared_ptr<Inode> find(InodeKey key);
@@ -194,6 +210,9 @@ class InodeTable {
   // Out of the lookup by key (let go of before a removal, or retired) but still held by the
   // kernel.
   std::unordered_map<const Inode*, std::shared_ptr<Inode>> detached_;
+  // How long a removal waits for calls under way through the file's descriptor (see
+  // Inode::drained); past it the removal goes ahead as for an open file.
+  static constexpr std::chrono::milliseconds kDrainBound{1000};
   std::shared_ptr<Inode> root_;
   uint64_t born_ = 0;
   size_t high_ = SIZE_MAX;

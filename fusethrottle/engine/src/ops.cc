@@ -222,7 +222,9 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 // The kernel forgot *node* n times: at none the table lets it go, and the window keeps it
 // for as long as it owes a sync (nothing else could find the file to sync it).
 void forget_one(Engine& engine, fuse_ino_t node, uint64_t n) {
-  if (auto gone = engine.inodes().forget(node, n)) engine.window().forgotten(gone);
+  engine.inodes().forget(node, n, [&engine](const std::shared_ptr<Inode>& inode) {
+    return engine.window().forgotten(inode);
+  });
 }
 
 void op_forget(fuse_req_t req, fuse_ino_t node, uint64_t nlookup) {

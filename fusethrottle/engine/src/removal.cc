@@ -12,7 +12,7 @@ LetGo::LetGo(Engine& engine, int dir, const char* name) : engine_(engine), dir_(
   if (::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
   if (S_ISDIR(st.st_mode) || st.st_nlink > 1) return;  // not the file's last name
   std::shared_ptr<Inode> inode = engine.inodes().find(InodeKey{st.st_dev, st.st_ino});
-  if (!inode || !engine.window().let_go(*inode)) return;
+  if (!inode || !engine.window().let_go(*inode, kSyncWait)) return;
   if (engine.inodes().detach(*inode, st)) inode_ = std::move(inode);
 }
 

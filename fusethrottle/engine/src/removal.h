@@ -10,6 +10,7 @@
 // number at a placeholder. A file still open is removed as NFS would remove it directly.
 #pragma once
 
+#include <chrono>
 #include <memory>
 
 #include "inode.h"
@@ -20,6 +21,10 @@ class Engine;
 
 class LetGo {
  public:
+  // How long a removal waits for a running sync of the file (its descriptor keeps the file),
+  // as the Python data plane did; past it the file is removed as an open one.
+  static constexpr std::chrono::milliseconds kSyncWait{2000};
+
   // Before removing *name* from the directory *dir*.
   LetGo(Engine& engine, int dir, const char* name);
   LetGo(const LetGo&) = delete;

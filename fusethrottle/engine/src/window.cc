@@ -127,33 +127,32 @@ void Window::landed(const std::shared_ptr<Inode>& inode, uint64_t reserved, int6
 }
 
 int Window::take_error(Inode& inode) {
-  std::vector<std::shared_ptr<Inode>> gone;
-  std::vector<Fd> fds;
+  Settled gone(*this);
   std::lock_guard<std::mutex> guard(lock_);
   int error = std::exchange(inode.ledger.error, 0);
   if (error != 0) {
     inode.ledger.errors = 0;
-    collect(inode, gone, fds);
+    collect(inode, gone);
   }
   return error;
 }
 
 void Window::discard(Inode& inode) {
-  std::vector<std::shared_ptr<Inode>> gone;
-  std::vector<Fd> fds;
+  Settled gone(*this);
   std::lock_guard<std::mutex> guard(lock_);
   FileLedger& f = inode.ledger;
   in_files_ -= f.dirty;
   f.dirty = 0;
   f.lo = -1;
   f.hi = 0;
-  collect(inode, gone, fds);
+  collect(inode, gone);
   gate_.notify_all();
 }
 
 void Window::opened(const std::shared_ptr<Inode>& inode) {
   std::lock_guard<std::mutex> guard(lock_);
   inode->ledger.opens++;
+  inode->ledger.forgotten = false;  // looked up again since
 }
 
 void Window::released(const std::shared_ptr<Inode>& inode, Fd fd) {
@@ -174,12 +173,13 @@ void Window::wake_flusher_by(double when) {
   if (flusher_wakes_at_ > when) flusher_.notify_one();
 }
 
-void Window::forgotten(const std::shared_ptr<Inode>& inode) {
+bool Window::forgotten(const std::shared_ptr<Inode>& inode) {
   std::lock_guard<std::mutex> guard(lock_);
-  if (!inode->ledger.owes()) return;
+  if (!inode->ledger.owes()) return false;
   inode->ledger.forgotten = true;
   files_.emplace(inode.get(), inode);
   wake_flusher_by(now_seconds());
+  return true;
 }
 
 bool Window::busy(const Inode& inode) {
@@ -187,12 +187,15 @@ bool Window::busy(const Inode& inode) {
   return inode.ledger.opens > 0 || inode.ledger.owes();
 }
 
-bool Window::let_go(Inode& inode) {
-  std::vector<std::shared_ptr<Inode>> gone;
-  std::vector<Fd> fds;  // closed after the lock, before the removal
-  std::lock_guard<std::mutex> guard(lock_);
+bool Window::let_go(Inode& inode, std::chrono::milliseconds wait) {
+  Settled gone(*this);
+  std::unique_lock<std::mutex> guard(lock_);
   FileLedger& f = inode.ledger;
-  if (f.opens > 0 || f.queued || f.syncing > 0) return false;
+  f.removing++;
+  bool idle = sync_ended_.wait_for(
+      guard, wait, [&f] { return f.opens > 0 || (!f.queued && f.syncing == 0); });
+  f.removing--;
+  if (!idle || f.opens > 0) return false;
   in_files_ -= f.dirty;
   f.dirty = 0;
   f.lo = -1;
@@ -200,21 +203,47 @@ bool Window::let_go(Inode& inode) {
   f.error = 0;
   f.errors = 0;
   f.released = false;
-  collect(inode, gone, fds);
+  collect(inode, gone);
   gate_.notify_all();
   return true;
 }
 
-void Window::collect(Inode& inode, std::vector<std::shared_ptr<Inode>>& out, std::vector<Fd>& fds) {
+bool Window::removing(const Inode& inode) {
+  std::lock_guard<std::mutex> guard(lock_);
+  return inode.ledger.removing > 0;
+}
+
+void Window::dropped(SyncJob& job) {
+  job.held.reset();  // before the removal waiting for it goes ahead
+  Settled gone(*this);
+  std::lock_guard<std::mutex> guard(lock_);
+  FileLedger& f = job.inode->ledger;
+  f.queued = false;
+  uint64_t covered = std::min(job.bytes, f.syncing);
+  f.syncing -= covered;
+  in_files_ -= covered;  // the file is about to go: nothing to sync
+  collect(*job.inode, gone);
+  gate_.notify_all();
+  sync_ended_.notify_all();
+}
+
+Window::Settled::~Settled() {
+  fds.clear();  // before a removal goes ahead (see let_go)
+  if (window.settled_) {
+    for (auto& inode : forgotten) window.settled_(inode);
+  }
+}
+
+void Window::collect(Inode& inode, Settled& out) {
   FileLedger& f = inode.ledger;
   if (f.owes()) return;
   if (f.held) {
-    fds.push_back(std::move(f.held));
+    out.fds.push_back(std::move(f.held));
     held_--;
   }
   auto it = files_.find(&inode);
   if (it != files_.end()) {
-    out.push_back(std::move(it->second));
+    (f.forgotten ? out.forgotten : out.inodes).push_back(std::move(it->second));
     files_.erase(it);
   }
 }
@@ -231,16 +260,16 @@ uint64_t Window::begin_app_sync(Inode& inode) {
 }
 
 void Window::end_app_sync(Inode& inode, uint64_t bytes, int error) {
-  std::vector<std::shared_ptr<Inode>> gone;
-  std::vector<Fd> fds;
+  Settled gone(*this);
   std::lock_guard<std::mutex> guard(lock_);
   FileLedger& f = inode.ledger;
   uint64_t covered = std::min(bytes, f.syncing);
   f.syncing -= covered;
   in_files_ -= covered;  // durable, or the error went to the application itself
   if (error == 0) synced_ += covered;
-  collect(inode, gone, fds);
+  collect(inode, gone);
   gate_.notify_all();
+  sync_ended_.notify_all();
 }
 
 SyncJob Window::begin(const std::shared_ptr<Inode>& inode, SyncReason reason) {
@@ -268,8 +297,8 @@ SyncJob Window::begin(const std::shared_ptr<Inode>& inode, SyncReason reason) {
 }
 
 void Window::end_sync(SyncJob& job, int error) {
-  std::vector<std::shared_ptr<Inode>> gone;
-  std::vector<Fd> fds;
+  job.held.reset();  // before a removal waiting for this sync goes ahead (let_go)
+  Settled gone(*this);
   std::lock_guard<std::mutex> guard(lock_);
   FileLedger& f = job.inode->ledger;
   f.queued = false;
@@ -295,9 +324,9 @@ void Window::end_sync(SyncJob& job, int error) {
     }
     f.retry_after = now + std::min(30.0, 0.5 * std::pow(2.0, std::min(f.errors, 6)));
   }
-  if (job.held) fds.push_back(std::move(job.held));
-  collect(*job.inode, gone, fds);
+  collect(*job.inode, gone);
   gate_.notify_all();
+  sync_ended_.notify_all();
   wake_flusher_by(now);  // more may be due now (pressure, the next batch)
 }
 
@@ -309,7 +338,7 @@ std::vector<SyncJob> Window::due(double now) {
   for (auto& [key, inode] : files_) {
     FileLedger& f = inode->ledger;
     in_flight += f.syncing;
-    if (f.dirty > 0 && !f.queued && now >= f.retry_after) {
+    if (f.dirty > 0 && !f.queued && f.removing == 0 && now >= f.retry_after) {
       ready.push_back(inode.get());
       gathered = gathered || (f.released && now - f.released_at >= kGroupGather);
     }

@@ -9,9 +9,11 @@
 // the window bounds.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -57,6 +59,7 @@ struct FileLedger {
   double released_at = 0;
   bool forgotten = false;  // the kernel forgot it: only the window can still sync it
   bool queued = false;     // an fsync of it is queued or running (one at a time)
+  int removing = 0;        // removals of its last name waiting for its sync (Window::let_go)
   int opens = 0;           // open handles
   int64_t lo = -1;         // the range written since the last injected sync
   int64_t hi = 0;
@@ -119,12 +122,19 @@ class Window {
   void opened(const std::shared_ptr<Inode>& inode);
   // The handle closed; *fd* is its descriptor, kept for the release sync if the file is dirty.
   void released(const std::shared_ptr<Inode>& inode, Fd fd);
-  // The kernel forgot the file: kept (and synced) while it owes anything.
-  void forgotten(const std::shared_ptr<Inode>& inode);
+  // The kernel forgot the file: true if it owes anything, and the window keeps (and syncs)
+  // it; the table keeps it by its key meanwhile (a new lookup finds it again, see
+  // InodeTable::forget), until *settled* is called with it. False: it may go now.
+  bool forgotten(const std::shared_ptr<Inode>& inode);
+  // Called (outside the window's lock) with each forgotten file once it owes nothing.
+  void when_settled(std::function<void(const std::shared_ptr<Inode>&)> settled) {
+    settled_ = std::move(settled);
+  }
   // Its last name is about to be removed: its data needs no sync, and its released handle's
-  // descriptor is closed (see removal.h). False (nothing changed) while it is open or a sync
-  // of it is under way.
-  bool let_go(Inode& inode);
+  // descriptor is closed (see removal.h). A sync of it handed to the flusher and not started
+  // is not run (see removing()); one running is waited for, at most *wait*. False (nothing
+  // changed) if it is open, or still being synced after *wait*.
+  bool let_go(Inode& inode, std::chrono::milliseconds wait);
   // Whether *inode* is open or owes a sync: its name is better kept in the kernel (relief.h).
   bool busy(const Inode& inode);
 
@@ -137,6 +147,10 @@ class Window {
   std::vector<SyncJob> wait_due(const bool& stopping);
   // The syncs due at *now*, handed out (what wait_due returns; the unit tests' clock).
   std::vector<SyncJob> take_due(double now);
+  // Whether a removal waits for *inode*'s sync: the flusher ends a job it has not started
+  // with dropped() instead.
+  bool removing(const Inode& inode);
+  void dropped(SyncJob& job);
   void wake_flusher();
   // An injected sync ended (error 0: durable).
   void end_sync(SyncJob& job, int error);
@@ -164,12 +178,27 @@ class Window {
   // Wake the flusher if it would not look by *when* on its own.
   void wake_flusher_by(double when);
   // Out of the table once it owes nothing; what it held is closed after the lock (into *out*).
-  void collect(Inode& inode, std::vector<std::shared_ptr<Inode>>& out, std::vector<Fd>& fds);
+  // What a call lets go of, once the window's lock is released (declared before the lock's
+  // guard): the descriptors closed, the forgotten files handed to settled_.
+  struct Settled {
+    explicit Settled(Window& w) : window(w) {}
+    ~Settled();
+    Settled(const Settled&) = delete;
+    Settled& operator=(const Settled&) = delete;
+    Window& window;
+    std::vector<std::shared_ptr<Inode>> inodes;
+    std::vector<std::shared_ptr<Inode>> forgotten;
+    std::vector<Fd> fds;
+  };
+  // A file that owes nothing more leaves the window (its held descriptor into *out*).
+  void collect(Inode& inode, Settled& out);
+  std::function<void(const std::shared_ptr<Inode>&)> settled_;
 
   WindowParams p_;
   std::mutex lock_;
   std::condition_variable gate_;
   std::condition_variable flusher_;
+  std::condition_variable sync_ended_;  // a sync ended (let_go waits for it)
   std::unordered_map<const Inode*, std::shared_ptr<Inode>> files_;  // every file that owes
   std::deque<uint64_t> line_;  // waiting writes' tickets, first come first served
   uint64_t next_ticket_ = 0;

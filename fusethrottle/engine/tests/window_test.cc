@@ -1,6 +1,7 @@
 // The window's rules without a mount: what is due for an fsync and why, what a failed sync
 // leaves, and that the gate holds a write until a sync makes room; and when the kernel's view
 // of a file is renewed after another writer changed it. `make test` runs it.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -171,9 +172,10 @@ void test_a_forgotten_file_is_synced_even_without_injection() {
 }  // namespace
 
 // Before its last name is removed, a closed file's un-synced bytes are dropped and its held
-// descriptor closed (nothing would keep the file on the target); an open file, or one being
-// synced, is left alone.
+// descriptor closed (nothing would keep the file on the target); an open file is left alone,
+// and so is one whose sync still runs when the removal stops waiting for it.
 void test_a_file_about_to_be_removed_is_let_go_of_unless_open_or_syncing() {
+  using std::chrono::milliseconds;
   ft::Window w(params());
   auto closed = file(1), open = file(2), syncing = file(3);
   int pipe_fds[2];
@@ -191,14 +193,102 @@ void test_a_file_about_to_be_removed_is_let_go_of_unless_open_or_syncing() {
   auto jobs = w.take_due(ft::now_seconds());
   CHECK(jobs.size() == 1 && jobs[0].inode == syncing);
   CHECK(w.stats().unsynced == 18 * MiB);
-  CHECK(w.let_go(*closed));
+  CHECK(w.let_go(*closed, milliseconds(0)));
   CHECK(w.stats().unsynced == 17 * MiB);
   char byte;
   CHECK(::read(reader.get(), &byte, 1) == 0);  // the held write end is closed: end of file
-  CHECK(!w.let_go(*open));
-  CHECK(!w.let_go(*syncing));
+  CHECK(!w.let_go(*open, milliseconds(100)));
+  CHECK(!w.let_go(*syncing, milliseconds(50)));
   CHECK(w.stats().unsynced == 17 * MiB);
   w.end_sync(jobs[0], 0);
+}
+
+// A removal waits for the file's running sync to end; one handed to the flusher but not
+// started is not run at all, and its descriptor is closed before the removal goes ahead (an
+// open descriptor keeps the file's space allocated, and on NFS makes the removal a rename).
+void test_a_removal_waits_for_a_running_sync_and_drops_one_not_started() {
+  using std::chrono::milliseconds;
+  ft::Window w(params());
+  auto running = file(1), waiting = file(2);
+  w.admit(16 * MiB);
+  w.landed(running, 16 * MiB, 16 * MiB, 0);
+  auto jobs = w.take_due(ft::now_seconds());
+  CHECK(jobs.size() == 1);
+  std::atomic<bool> let_go{false};
+  std::thread removal([&] { let_go = w.let_go(*running, milliseconds(10000)); });
+  std::this_thread::sleep_for(milliseconds(100));
+  CHECK(!let_go);  // still waiting for the sync
+  if (!jobs.empty()) w.end_sync(jobs[0], 0);
+  removal.join();
+  CHECK(let_go);
+
+  int pipe_fds[2];
+  CHECK(::pipe(pipe_fds) == 0);
+  ft::Fd reader(pipe_fds[0]);
+  w.opened(waiting);
+  w.admit(16 * MiB);
+  w.landed(waiting, 16 * MiB, 16 * MiB, 0);
+  w.released(waiting, ft::Fd(pipe_fds[1]));
+  jobs = w.take_due(ft::now_seconds());
+  CHECK(jobs.size() == 1 && jobs[0].held);
+  CHECK(!w.removing(*waiting));
+  let_go = false;
+  removal = std::thread([&] { let_go = w.let_go(*waiting, milliseconds(10000)); });
+  while (!w.removing(*waiting)) std::this_thread::sleep_for(milliseconds(1));
+  if (!jobs.empty()) w.dropped(jobs[0]);  // what the flusher does instead of syncing it
+  removal.join();
+  CHECK(let_go);
+  char byte;
+  CHECK(::read(reader.get(), &byte, 1) == 0);  // its descriptor closed
+  CHECK(w.stats().unsynced == 0);
+  CHECK(w.stats().synced == 16 * MiB);  // the first file's only
+}
+
+// The kernel evicts a closed file that still owes a sync, then looks its name up again: the
+// table hands back the same inode (its data, its descriptors), not a second one beside it,
+// until the sync is done; then a forgotten file leaves the table.
+void test_a_file_forgotten_while_it_owes_a_sync_is_found_again_as_itself() {
+  ft::Window w(params());
+  ft::InodeTable table;
+  w.when_settled([&table](const std::shared_ptr<ft::Inode>& inode) { table.settled(inode); });
+  auto owed = [&w](const std::shared_ptr<ft::Inode>& inode) { return w.forgotten(inode); };
+  struct stat st {};
+  st.st_dev = 1;
+  st.st_ino = 7;
+  st.st_mode = S_IFREG | 0644;
+  auto path = [] { return ft::Fd(::open("/dev/null", O_PATH | O_CLOEXEC)); };
+  fuse_ino_t node = table.remember(path(), st, "handle-7");
+  auto inode = table.share(node);
+  w.opened(inode);
+  w.admit(MiB);
+  w.landed(inode, MiB, MiB, 0);
+  w.released(inode, ft::Fd());
+  inode.reset();
+  CHECK(table.forget(node, 1, owed) == nullptr);  // kept: it owes a sync
+  CHECK(table.size() == 1);
+  CHECK(table.nodes().empty());  // the kernel holds nothing of it
+  CHECK(table.remember(path(), st, "handle-7") == node);  // found again as itself
+  auto jobs = w.take_due(ft::now_seconds() + 1);
+  CHECK(jobs.size() == 1);
+  if (jobs.size() == 1) w.end_sync(jobs[0], 0);
+  CHECK(table.size() == 1);  // looked up again: the kernel holds it
+  CHECK(table.forget(node, 1, owed) != nullptr);  // owes nothing: it goes
+
+  node = table.remember(path(), st, "handle-7");
+  inode = table.share(node);
+  w.opened(inode);
+  w.admit(MiB);
+  w.landed(inode, MiB, MiB, 0);
+  w.released(inode, ft::Fd());
+  CHECK(table.forget(node, 1, owed) == nullptr);
+  jobs = w.take_due(ft::now_seconds() + 1);
+  CHECK(jobs.size() == 1 && jobs[0].reason == ft::SyncReason::kForget);
+  std::weak_ptr<ft::Inode> gone = inode;
+  inode.reset();
+  if (jobs.size() == 1) w.end_sync(jobs[0], 0);
+  jobs.clear();
+  CHECK(table.size() == 0);  // synced with no lookup: out of the table
+  CHECK(gone.expired());     // and its descriptor closed
 }
 
 struct stat sized(off_t size, int64_t mtime_s) {
@@ -305,6 +395,8 @@ int main() {
   test_the_gate_holds_a_write_until_a_sync_makes_room();
   test_a_forgotten_file_is_synced_even_without_injection();
   test_a_file_about_to_be_removed_is_let_go_of_unless_open_or_syncing();
+  test_a_removal_waits_for_a_running_sync_and_drops_one_not_started();
+  test_a_file_forgotten_while_it_owes_a_sync_is_found_again_as_itself();
   test_another_writers_change_renews_the_kernels_inode_only_when_nobody_has_it_open();
   test_the_mounts_own_writes_are_not_taken_for_another_writers();
   if (failures != 0) {
