@@ -202,7 +202,7 @@ def preflight(plan: Plan) -> None:
         tools.add("tc")
     if any(a.is_fuse for a in plan.arms):
         tools.add("fusermount3")
-    if kinds & {"files"}:
+    if kinds & {"files", "files8"}:
         tools |= {"ls", "find", "stat", "rm"}
     import shutil
 

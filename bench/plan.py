@@ -240,15 +240,24 @@ WORKLOAD_KINDS = {
         "N files (a count, not bytes) of 4 KiB in 100 directories; then ls -lR and stat of "
         "every file, cold and warm; then rm -rf, each phase timed on its own",
     ),
+    "files8": (
+        10_000,
+        "N files (a count) of 4 KiB created by 8 writers at once, each in 100/8 directories of "
+        "its own: timed from the first start to the last close, then rm -rf",
+    ),
     "read": (1 * GiB, "a file written through the mount, page cache dropped, read by dd bs=1M"),
 }
+#: Workloads whose size is a count of files, not bytes.
+FILE_COUNT_KINDS = ("files", "files8")
+#: How many writers files8 runs at once.
+PARALLEL_WRITERS = 8
 DD_BLOCKS = {"dd4k": 4 * KiB, "dd10k": 10 * KiB, "dd128k": 128 * KiB, "dd1m": MiB}
 
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """A backup job. ``size`` is bytes (a file count for ``files``); ``duration`` caps the
-    writer in seconds (0: no cap) so a rate schedule can define the run's length."""
+    """A backup job. ``size`` is bytes (a file count for FILE_COUNT_KINDS); ``duration`` caps
+    the writer in seconds (0: no cap) so a rate schedule can define the run's length."""
 
     kind: str
     size: int
@@ -276,7 +285,7 @@ def parse_workloads(text: str, default_size: int | None = None) -> tuple[Workloa
             raise PlanError(f"unknown workload {kind!r} (known: {', '.join(WORKLOAD_KINDS)})")
         if colon:
             size = parse_size(size_text)
-        elif default_size is not None and kind != "files":
+        elif default_size is not None and kind not in FILE_COUNT_KINDS:
             size = default_size
         else:
             size = WORKLOAD_KINDS[kind][0]

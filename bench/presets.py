@@ -163,16 +163,19 @@ PRESETS: dict[str, Preset] = {
     "passthrough": Preset(
         about=(
             "issue 11's side-by-side report: dd at 4K/10K/128K/1M, 10,000 small files (create, "
-            "ls -lR and stat cold and warm, rm -rf) and a sequential read onto tmpfs: native vs "
+            "ls -lR and stat cold and warm, rm -rf), the same files created by 8 writers at "
+            "once, and a sequential read onto tmpfs: native vs "
             "fusethrottle with its default options vs libfuse's C passthrough_ll (with and "
             "without -o writeback), MiB/s or files/s and CPU-s per GiB (writer + daemon)"
         ),
         targets=("tmpfs",),
         schedule={"full": "none", "quick": "none", "smoke": "none"},
         workloads={
-            "full": "dd4k:1G,dd10k:1G,dd128k:1G,dd1m:1G,files:10000,read:1G",
-            "quick": "dd4k:256M,dd10k:256M,dd128k:256M,dd1m:256M,files:10000,read:256M",
-            "smoke": "dd4k:2M,dd10k:2M,dd128k:8M,dd1m:16M,files:200,read:16M",
+            "full": "dd4k:1G,dd10k:1G,dd128k:1G,dd1m:1G,files:10000,files8:10000,read:1G",
+            "quick": (
+                "dd4k:256M,dd10k:256M,dd128k:256M,dd1m:256M,files:10000,files8:10000,read:256M"
+            ),
+            "smoke": "dd4k:2M,dd10k:2M,dd128k:8M,dd1m:16M,files:200,files8:200,read:16M",
         },
         arms={
             "full": PASSTHROUGH_ARMS,

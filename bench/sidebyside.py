@@ -81,6 +81,7 @@ ROWS = (
     Row("files", "stat each, cold", "stat_cold"),
     Row("files", "stat each, warm", "stat_warm"),
     Row("files", "rm -rf", "rm"),
+    Row("files8", "create + 4 KiB write, 8 writers at once", "create"),
     Row("read", "sequential read"),
 )
 

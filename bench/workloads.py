@@ -18,7 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.plan import DD_BLOCKS, PACED_RATE, ArmSpec, MiB, WorkloadSpec, fsync_skip_reason
+from bench.plan import (
+    DD_BLOCKS,
+    PACED_RATE,
+    PARALLEL_WRITERS,
+    ArmSpec,
+    MiB,
+    WorkloadSpec,
+    fsync_skip_reason,
+)
 from bench.system import BenchError, Child, Teardown, drop_caches, start
 
 log = logging.getLogger(__name__)
@@ -104,6 +112,8 @@ def run_workload(
         return _dd(workload, dest, ctx)
     if kind == "files":
         return _files(workload, dest, ctx)
+    if kind == "files8":
+        return _files_at_once(workload, dest, ctx)
     if kind == "read":
         return _read(workload, dest, ctx)
     raise BenchError(f"no runner for workload {kind}")
@@ -374,6 +384,42 @@ def _files(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResul
         seconds=rep["seconds"],  # the create: what a restore of many small files waits for
         cpu_s=writer_cpu,
         extra=extra,
+    )
+
+
+def _files_at_once(workload: WorkloadSpec, dest: Path, ctx: JobContext) -> WorkloadResult:
+    """``files``' create by PARALLEL_WRITERS writers at once, each its share of the files in
+    directories of its own (parallel restores, a tree copied by several workers): does the
+    mount serve them side by side, or one at a time? Timed from the first start to the last
+    close (``wl_create_s``); CPU = the writers + the daemon meanwhile; then rm -rf."""
+    count = workload.size
+    tree = dest / "files8"
+    writers = PARALLEL_WRITERS
+    d0 = ctx.daemon_cpu()
+    t0 = time.monotonic()
+    children = []
+    for k in range(writers):
+        share = count // writers + (1 if k < count % writers else 0)
+        cmd = [*ctx.python, "bench.writer", "files", "--dir", str(tree / f"w{k}")]
+        cmd += ["--count", str(share), "--dirs", str(max(1, 100 // writers)), "--file-size", "4096"]
+        children.append(_run_one(f"files8-{k}", cmd, ctx, ctx.scratch / f"files8-{k}.out"))
+    for k, child in enumerate(children):
+        _wait(child, ctx, f"small-file writer {k} ({_tail(ctx.scratch / f'files8-{k}.err')})")
+    seconds = time.monotonic() - t0
+    d1 = ctx.daemon_cpu()
+    daemon = d1 - d0 if d0 is not None and d1 is not None else 0.0
+    writer_cpu = sum(child.cpu_seconds or 0.0 for child in children)
+    extra: dict[str, float] = {
+        "create_s": seconds,
+        "create_cpu_s": writer_cpu + daemon,
+        "create_daemon_cpu_s": daemon,
+    }
+    got = _phase("rm", ["rm", "-rf", str(tree)], ctx, False)
+    if got is not None:
+        extra |= {"rm_s": got[0], "rm_cpu_s": got[1] + got[2], "rm_daemon_cpu_s": got[2]}
+        writer_cpu += got[1]
+    return WorkloadResult(
+        bytes=count * 4096, files=count, seconds=seconds, cpu_s=writer_cpu, extra=extra
     )
 
 

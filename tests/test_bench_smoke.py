@@ -448,11 +448,18 @@ def test_passthrough_arms_and_workloads_parse() -> None:
         parse_arms("c-ll:source=/elsewhere")
     with pytest.raises(PlanError, match="unknown arm"):
         parse_arms("c-hl")
-    wl = parse_workloads("dd10k:1G,files:200,read:16M")
+    wl = parse_workloads("dd10k:1G,files:200,files8:64,read:16M")
     assert [(w.kind, w.size) for w in wl] == [
         ("dd10k", 1 << 30),
         ("files", 200),
+        ("files8", 64),
         ("read", 16 * MiB),
+    ]
+    # A file count is no byte size: --size does not apply to it.
+    assert [(w.kind, w.size) for w in parse_workloads("files,files8,dd4k", 4 * MiB)] == [
+        ("files", 10_000),
+        ("files8", 10_000),
+        ("dd4k", 4 * MiB),
     ]
     assert DD_BLOCKS["dd10k"] == 10 * 1024  # tar's record
 
@@ -507,6 +514,7 @@ def test_passthrough_preset_measures_the_daemon_defaults() -> None:
     assert [(w.kind, w.size) for w in full.workloads] == [
         *[(k, 1 << 30) for k in ("dd4k", "dd10k", "dd128k", "dd1m")],
         ("files", 10_000),
+        ("files8", 10_000),
         ("read", 1 << 30),
     ]
     assert full.repeats == 3
@@ -657,6 +665,8 @@ def test_passthrough_smoke_runs_the_c_arm(tmp_path: Path) -> None:
     files = next(c for c in cells if c["workload"] == "files" and c["arm"] == "c-ll")
     for phase in ("create", "ls_cold", "ls_warm", "stat_cold", "stat_warm", "rm"):
         assert files[f"wl_{phase}_s"] > 0 and files[f"wl_{phase}_cpu_s"] >= 0, phase
+    at_once = next(c for c in cells if c["workload"] == "files8" and c["arm"] == "c-ll")
+    assert at_once["files"] == 200 and at_once["wl_create_s"] > 0 and at_once["wl_rm_s"] > 0
     read = next(c for c in cells if c["workload"] == "read" and c["arm"] == "c-ll")
     assert read["app_bytes"] == 16 * MiB and read["wl_prepare_s"] > 0
 
