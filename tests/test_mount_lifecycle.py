@@ -615,6 +615,82 @@ def test_a_process_waiting_on_a_hung_target_can_be_killed(
     assert status_json(ft.mountpoint)
 
 
+# Opens its file (or directory) through the mount, says so, waits for a line on stdin (the
+# target is frozen then) and makes one call through the open descriptor.
+_STUCK_ON_AN_OPEN_FILE = """
+import os, sys
+path, call = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY if call == "readdir" else os.O_RDWR)
+print("open", flush=True)
+sys.stdin.readline()
+if call == "read":
+    os.read(fd, 4096)
+elif call == "write":
+    os.write(fd, b"x" * 4096)
+else:
+    os.listdir(fd)
+"""
+
+
+@pytest.mark.parametrize("call", ["read", "write", "readdir"])
+def test_a_process_stuck_on_an_open_file_of_a_hung_target_can_be_killed(
+    make_memfs: Callable[[str], tuple[Daemon, Path]],
+    make_mount: MakeMount,
+    workdir: Path,
+    call: str,
+) -> None:
+    """As above, for a call through a descriptor opened before the target hung: a backup
+    reading its source or writing its archive when the server went away. The daemon answers
+    the killed caller at once while its own call still waits on the target, and the kernel may
+    release the handle meanwhile: the descriptor stays the handler's until it returns (it
+    must not be closed, nor its number reused, under it). Writes without the writeback
+    cache, where each write() is a request of its own."""
+    backing = workdir / "backing"
+    (backing / "ok").mkdir(parents=True)
+    (backing / "hung").mkdir()
+    frozen, _ = make_memfs("backing/hung")
+    (frozen.mountpoint / "file").write_text("in the hung subtree")
+    (frozen.mountpoint / "dir").mkdir()
+    (frozen.mountpoint / "dir" / "entry").write_text("listed")
+    ft = make_mount(source=backing, name="top", options=("writeback_cache=no",))
+    path = ft.mountpoint / "hung" / ("dir" if call == "readdir" else "file")
+    victim = subprocess.Popen(
+        [sys.executable, "-c", _STUCK_ON_AN_OPEN_FILE, str(path), call],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert victim.stdout is not None and victim.stdin is not None
+    assert victim.stdout.readline() == "open\n"
+    frozen.signal(signal.SIGSTOP)
+    frozen.stopped = True
+    victim.stdin.write("go\n")
+    victim.stdin.flush()
+    time.sleep(2.0)
+    assert victim.poll() is None  # stuck, as on the dead server itself
+    victim.kill()
+    try:
+        victim.wait(20)
+    except subprocess.TimeoutExpired:
+        wchan = Path(f"/proc/{victim.pid}/wchan").read_text()
+        frozen.signal(signal.SIGCONT)  # let it go, or the test run hangs on it
+        victim.wait(60)
+        pytest.fail(f"SIGKILL did not end a process stuck on an open file ({wchan})")
+    assert victim.returncode == -signal.SIGKILL
+    assert answers(["ls", str(ft.mountpoint / "ok")]).returncode == 0
+    assert status_json(ft.mountpoint)
+    # The target comes back: the call the daemon still made ends, and the mount serves on.
+    frozen.signal(signal.SIGCONT)
+    frozen.stopped = False
+    # (The write the killed writer sent reaches the target, as an NFS WRITE sent before the
+    # kill does.)
+    landed = ("in the hung subtree", "x" * 4096) if call == "write" else ("in the hung subtree",)
+    assert (ft.mountpoint / "hung" / "file").read_text() in landed
+    assert sorted(os.listdir(ft.mountpoint / "hung" / "dir")) == ["entry"]
+    assert ft.stop() == 0, ft.log()
+
+
 def test_a_stop_with_a_hung_target_and_closes_queued_ends_within_unmount_timeout(
     make_memfs: Callable[..., tuple[Daemon, Path]],
     make_mount: MakeMount,

@@ -7,15 +7,15 @@
 // still waits on the target; the handler's own answer, when its call returns, is dropped. The
 // handler must then not touch the request at all (libfuse frees it with the answer): every
 // answer goes through answer(), and what a handler needs of its request (the engine, the
-// caller) is read here before it starts. Write-back, forget and release have no caller waiting
-// and are never interrupted; nor, for now, a request on an open file or directory (read,
-// write, readdir, fsync, flush ...): once it is answered the kernel may release the handle its
-// handler still uses.
+// caller) is read here before it starts, and what it works on is held (see Call::held): once
+// a request is answered the kernel may release the handle and forget the nodes its handler
+// still uses. Forget and release have no caller waiting and are never interrupted.
 #pragma once
 
 #include <fuse_lowlevel.h>
 
 #include <atomic>
+#include <memory>
 #include <type_traits>
 #include <utility>
 
@@ -37,6 +37,9 @@ struct Call {
   // thread, touches it besides its own thread: the request cannot be freed, nor its address
   // reused, while its interrupt callback runs (libfuse holds it).
   std::atomic<fuse_req_t> unanswered{nullptr};
+  // The request's handle and nodes, held while its handler runs (an interrupted request's
+  // handler outlives the kernel's hold of them).
+  std::shared_ptr<void> held[3];
   // True for the one caller who may answer *req*.
   bool claim(fuse_req_t req) { return unanswered.compare_exchange_strong(req, nullptr); }
 };

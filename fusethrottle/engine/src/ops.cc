@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "call.h"
@@ -547,15 +549,13 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   KernelView* view = view_of(engine, *inode);
   if (view != nullptr) view->opening();
   engine.window().opened(inode);
-  auto file = std::make_unique<OpenFile>(engine.handles());
+  auto file = std::make_shared<OpenFile>(engine.handles(), engine.window(), inode, view);
   file->fd = std::move(fd);
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
   fi->fh = hand_over(std::move(file));
   if (answer(fuse_reply_create, req, &entry, fi) != 0) {
-    // The caller is gone: nobody will release or forget it.
-    if (view != nullptr) view->closed();
-    engine.window().released(inode, std::move(take_back<OpenFile>(fi)->fd));
+    take_back<OpenFile>(fi);  // the caller is gone: nobody will release or forget it
     forget_one(engine, entry.ino, 1);
   }
 }
@@ -603,15 +603,12 @@ void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   note_writer(inode_of(req, node), fi->flags);
   auto inode = engine.inodes().share(node);
   engine.window().opened(inode);
-  auto file = std::make_unique<OpenFile>(engine.handles());
+  auto file = std::make_shared<OpenFile>(engine.handles(), engine.window(), inode, view);
   file->fd = std::move(fd);
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
   fi->fh = hand_over(std::move(file));
-  if (answer(fuse_reply_open, req, fi) != 0) {
-    if (view != nullptr) view->closed();
-    engine.window().released(inode, std::move(take_back<OpenFile>(fi)->fd));
-  }
+  if (answer(fuse_reply_open, req, fi) != 0) take_back<OpenFile>(fi);  // the caller is gone
 }
 
 void read_direct(fuse_req_t req, int fd, size_t size, off_t off) {
@@ -808,11 +805,10 @@ void op_flush(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   answer(fuse_reply_err, req, err != 0 ? err : pending);
 }
 
-void op_release(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
-  // The last close of a dirty file makes it due for a sync, through this descriptor.
-  Engine& engine = engine_of(req);
-  if (KernelView* view = view_of(engine, inode_of(req, node))) view->closed();
-  engine.window().released(engine.inodes().share(node), std::move(take_back<OpenFile>(fi)->fd));
+void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  // The last close of a dirty file makes it due for a sync, through this descriptor: the
+  // window takes it once no handler still uses it (handles.h).
+  take_back<OpenFile>(fi);
   answer(fuse_reply_err, req, 0);
 }
 
@@ -865,7 +861,7 @@ void op_opendir(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   std::string path = proc_path(inode_of(req, node).fd());
   Fd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd) return (void)answer(fuse_reply_err, req, failed());
-  auto dir = std::make_unique<OpenDir>(engine_of(req).handles());
+  auto dir = std::make_shared<OpenDir>(engine_of(req).handles());
   dir->dir.reset(::fdopendir(fd.get()));
   if (!dir->dir) return (void)answer(fuse_reply_err, req, failed());
   fd.release();  // the DIR owns it now
@@ -962,12 +958,24 @@ void op_fsyncdir(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
   answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
 }
 
-// Whether a request's argument is an open file's handle (getattr and setattr may carry one).
-template <typename T>
-bool with_handle(const T&) {
-  return false;
+// The handler is done: the last holder of a released handle lets the window have its
+// descriptor now (handles.h).
+inline void let_go_of_held(Call& call) {
+  for (auto& held : call.held) held.reset();
 }
-inline bool with_handle(const fuse_file_info* fi) { return fi != nullptr; }
+
+// What a request works on, held while its handler runs (Call::held): its handle (an open
+// file's or directory's; none yet for the opens) and its nodes.
+// (The handlers' argument is a fuse_file_info*, not const: an overload for const would lose
+// to the template.)
+template <typename T>
+void hold_handle(Call&, const T&) {}
+inline void hold_handle(Call& call, fuse_file_info* fi) {
+  if (fi != nullptr) call.held[0] = hold(fi);
+}
+inline void hold_node(Call& call, size_t at, fuse_ino_t node) {
+  if (node != 0) call.held[at] = call.engine->inodes().share(node);
+}
 
 // The first node id among a request's arguments (see Call::node).
 inline void first_node(fuse_ino_t& node, fuse_ino_t arg) {
@@ -982,13 +990,12 @@ template <ft_engine_op Op, auto Handler>
 struct Counted;
 template <ft_engine_op Op, typename... Args, void (*Handler)(fuse_req_t, Args...)>
 struct Counted<Op, Handler> {
-  // No caller waits for forget and release; the others act on an open handle, which the
-  // kernel may release once the request is answered while its handler still uses it (see
-  // call.h). getattr and setattr only when they came without one.
+  // No caller waits for forget and release.
   static constexpr bool kInterruptible =
-      Op != FT_OP_FORGET && Op != FT_OP_RELEASE && Op != FT_OP_RELEASEDIR && Op != FT_OP_READ &&
-      Op != FT_OP_WRITE && Op != FT_OP_FLUSH && Op != FT_OP_FSYNC && Op != FT_OP_READDIR &&
-      Op != FT_OP_READDIRPLUS && Op != FT_OP_FSYNCDIR && Op != FT_OP_FALLOCATE;
+      Op != FT_OP_FORGET && Op != FT_OP_RELEASE && Op != FT_OP_RELEASEDIR;
+  // The opens' file_info carries no handle yet: their handlers make it.
+  static constexpr bool kOnHandle =
+      Op != FT_OP_OPEN && Op != FT_OP_CREATE && Op != FT_OP_OPENDIR;
 
   static void serve(fuse_req_t req, Args... args) {
     Call& call = this_call();
@@ -1004,12 +1011,14 @@ struct Counted<Op, Handler> {
     if constexpr (Op != FT_OP_FORGET) (first_node(call.node, args), ...);
     call.engine->count(Op);
     if constexpr (kInterruptible) {
-      constexpr bool kMayCarryHandle = Op == FT_OP_GETATTR || Op == FT_OP_SETATTR;
-      if (!kMayCarryHandle || !(with_handle(args) || ...)) {
-        // Called at once if the interrupt came first: then nothing is done for it.
-        fuse_req_interrupt_func(req, on_interrupt, &call);
-        if (call.unanswered.load() != req) return;
-      }
+      if constexpr (kOnHandle) (hold_handle(call, args), ...);
+      hold_node(call, 1, call.node);
+      // The other directory of a rename or link (its new parent).
+      if constexpr (Op == FT_OP_RENAME) hold_node(call, 2, std::get<2>(std::tie(args...)));
+      if constexpr (Op == FT_OP_LINK) hold_node(call, 2, std::get<1>(std::tie(args...)));
+      // Called at once if the interrupt came first: then nothing is done for it.
+      fuse_req_interrupt_func(req, on_interrupt, &call);
+      if (call.unanswered.load() != req) return let_go_of_held(call);
     }
     // Reads and writes pay for their size in their handlers.
     if constexpr (Op != FT_OP_READ && Op != FT_OP_WRITE) call.engine->pay(Op, 0);
@@ -1017,6 +1026,7 @@ struct Counted<Op, Handler> {
     // Metered once it was sent to the target, failed or not: the one hook of the meter.
     call.engine->meter().record(Op, call.bytes, call.error);
     stop_being_caller();
+    if constexpr (kInterruptible) let_go_of_held(call);
   }
 };
 
