@@ -30,6 +30,7 @@ import errno
 import itertools
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -598,3 +599,35 @@ def test_an_open_sees_what_another_writer_wrote_at_once_close_to_open(
     with open(theirs, "r+b") as f:  # the same size again, other bytes
         f.write(b"c" * 10)
     assert mine.read_bytes() == b"c" * 10 + b"b" * 290
+
+
+@pytest.mark.mount
+def test_a_directory_left_with_nfs_files_about_to_go_is_removed_once_they_went(
+    make_mount: Any,
+) -> None:
+    """On NFS a file removed while open stays as .nfsXXXX until its last close, and the client
+    removes it just after, without waiting; the daemon's own close of a file its caller closed
+    comes a moment after the caller's (the kernel does not wait for the release). So an rmdir
+    right after the close met the .nfs file (stress-ng's hdd stressor, ENOTEMPTY). A directory
+    holding nothing but .nfs files is retried for that moment; one holding a file that stays,
+    .nfs or not, is refused as before. (The NFS lab proves the real case, test_names.py.)"""
+    ft = make_mount()
+    assert ft.source is not None
+    going = ft.mountpoint / "going"
+    going.mkdir()
+    (ft.source / "going" / ".nfs000000000012345600000001").write_bytes(b"removed while open")
+    remover = threading.Timer(0.3, (ft.source / "going" / ".nfs000000000012345600000001").unlink)
+    remover.start()
+    try:
+        os.rmdir(going)  # waits for the .nfs file to go
+    finally:
+        remover.join()
+    assert not (ft.source / "going").exists()
+    for kept in (".nfs000000000012345600000002", "data"):
+        staying = ft.mountpoint / f"staying-{kept}"
+        staying.mkdir()
+        (ft.source / staying.name / kept).write_bytes(b"still open elsewhere")
+        with pytest.raises(OSError) as refused:
+            os.rmdir(staying)
+        assert refused.value.errno == errno.ENOTEMPTY
+        assert (ft.source / staying.name / kept).exists()

@@ -29,7 +29,7 @@ import trio
 from .. import _libc
 from .closes import DeferredCloses
 from .credentials import Caller, ThreadCredentials
-from .removals import LetGo, _rename, _unlink
+from .removals import LetGo, _rename, _rmdir, _unlink
 from .syncs import SyncPlan, _fsync_dir, _fsync_path
 from .target_calls import (
     CAPABILITY,
@@ -238,7 +238,7 @@ class Backend(DeferredCloses):
         return result
 
     async def rmdir(self, caller: Caller | None, dir_fd: int, name: bytes) -> None:
-        await self._change(caller, (dir_fd,), lambda: os.rmdir(name, dir_fd=dir_fd))
+        await self._change(caller, (dir_fd,), _rmdir, dir_fd, name)
         self._seen("rmdir")
 
     async def rename(

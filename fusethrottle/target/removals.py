@@ -5,8 +5,10 @@ target its space freed at once."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 
 from .. import _libc
@@ -89,6 +91,44 @@ def _unlink(dir_fd: int, name: bytes, let_go: LetGo | None) -> os.stat_result:
         if let_go is not None:
             close_all(let_go.closes)
             let_go.closes = []
+
+
+#: How long an rmdir waits for files removed while open to go (see _rmdir).
+REMOVED_WHILE_OPEN_WAIT = 2.0
+
+
+def _only_removed_while_open(dir_fd: int, name: bytes) -> bool:
+    """Whether the directory *name* holds nothing but NFS's .nfsXXXX files (files removed
+    while open, which go at their last close); none at all too (the last went meanwhile)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        return all(entry.startswith(".nfs") for entry in os.listdir(fd))
+    finally:
+        os.close(fd)
+
+
+def _rmdir(dir_fd: int, name: bytes) -> None:
+    """rmdir(2). A file the caller removed while open is a .nfsXXXX on NFS until the last
+    close, which the NFS client follows with its removal without waiting for it; the caller's
+    own close came before this rmdir, but the daemon's close comes a moment later (the kernel
+    does not wait for the release). A directory emptied of all but those is retried for that
+    moment, at most REMOVED_WHILE_OPEN_WAIT (stress-ng's hdd stressor saw ENOTEMPTY)."""
+    deadline = time.monotonic() + REMOVED_WHILE_OPEN_WAIT
+    pause = 0.002
+    while True:
+        try:
+            os.rmdir(name, dir_fd=dir_fd)
+            return
+        except OSError as err:
+            if err.errno != errno.ENOTEMPTY or time.monotonic() >= deadline:
+                raise
+            if not _only_removed_while_open(dir_fd, name):
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def _rename(

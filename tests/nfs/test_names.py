@@ -195,6 +195,39 @@ def test_unlinked_open_file_leaves_nothing_once_closed(ft_nfs: Daemon, nfs_dir: 
     _compare(outcomes[0], outcomes[1])
 
 
+def test_a_directory_emptied_of_a_file_removed_while_open_goes_right_after_the_close(
+    ft_nfs: Daemon, nfs_dir: Path
+) -> None:
+    """stress-ng's hdd stressor: create a file, remove it while open, write through the
+    descriptor, close it, and at once rmdir its directory. The removed file is a .nfsXXXX on
+    NFS until the last close, after which the client removes it; through the mount, the
+    daemon's own close comes a moment after the caller's (the kernel does not wait for the
+    release), and the rmdir met the .nfs file (ENOTEMPTY). Twenty times each way; the mount
+    must fail no more often than NFS directly (which may lose the same race itself)."""
+    assert ft_nfs.source is not None
+    direct_dir = nfs_dir.parent / (nfs_dir.name + "-direct")
+    direct_dir.mkdir()
+    outcomes = []
+    for where, top in (("through the mount", ft_nfs.mountpoint), ("NFS directly", direct_dir)):
+        outcome = Outcome(where)
+        for i in range(20):
+            directory = top / f"hdd-{i}"
+            directory.mkdir()
+            fd = os.open(directory / "data", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                os.unlink(directory / "data")
+                os.write(fd, b"h" * 65536)
+            finally:
+                os.close(fd)
+            try:
+                os.rmdir(directory)
+            except OSError as err:
+                outcome.errors.append(f"rmdir {i} right after the close: {err!r}")
+        outcomes.append(outcome)
+    print("\n".join(f"{o.where}: {len(o.errors)} of 20 failed {o.errors[:2]}" for o in outcomes))
+    assert len(outcomes[0].errors) <= len(outcomes[1].errors), outcomes[0].errors
+
+
 def _free_then_write(top: Path, target: Path, daemon: Daemon | None, where: str) -> Outcome:
     """Fill the small target through *top* until ENOSPC, rm -f that file, at once write a
     small new one; then, if that failed, how long until such a write succeeds."""

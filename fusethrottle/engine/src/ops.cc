@@ -9,11 +9,14 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -284,11 +287,47 @@ void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   answer(fuse_reply_err, req, err);
 }
 
+bool dot_or_dotdot(const char* name) {
+  return name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'));
+}
+
+// How long an rmdir waits for files removed while open to go (see op_rmdir).
+constexpr std::chrono::milliseconds kRemovedWhileOpenWait{2000};
+
+// Whether the directory *name* in *parent* holds nothing but files NFS renamed to
+// .nfsXXXX because they were removed while open (and that go at their last close): none at
+// all, too (the last of them went meanwhile).
+bool only_removed_while_open(int parent, const char* name) {
+  Fd fd(::openat(parent, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) return false;
+  std::unique_ptr<DIR, DirCloser> dir(::fdopendir(fd.get()));
+  if (!dir) return false;
+  fd.release();  // the DIR owns it now
+  while (struct dirent* entry = ::readdir(dir.get())) {
+    if (!dot_or_dotdot(entry->d_name) && std::strncmp(entry->d_name, ".nfs", 4) != 0) return false;
+  }
+  return true;
+}
+
 void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   if (refused(req)) return;
   become_caller();
-  int rc = ::unlinkat(inode_of(req, parent).fd(), name, AT_REMOVEDIR);
-  answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
+  int dir = inode_of(req, parent).fd();
+  int err = ::unlinkat(dir, name, AT_REMOVEDIR) == 0 ? 0 : failed();
+  // A file the caller removed while it had it open is a .nfsXXXX on NFS until the last close,
+  // which the NFS client follows with the file's removal, without waiting for it. The
+  // caller's own close came before this rmdir, but the kernel sends the daemon its release
+  // without waiting for it either, so the engine's close (and the removal after it) can come
+  // a moment later than on NFS directly: a directory emptied of all but those is retried for
+  // that moment (stress-ng's hdd stressor saw ENOTEMPTY).
+  auto pause = std::chrono::milliseconds(2);
+  for (auto waited = pause * 0; err == ENOTEMPTY && waited < kRemovedWhileOpenWait;
+       waited += pause, pause = std::min(pause * 2, std::chrono::milliseconds(100))) {
+    if (!only_removed_while_open(dir, name)) break;
+    std::this_thread::sleep_for(pause);
+    err = ::unlinkat(dir, name, AT_REMOVEDIR) == 0 ? 0 : failed();
+  }
+  answer(fuse_reply_err, req, err);
 }
 
 void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
@@ -869,9 +908,6 @@ void op_opendir(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   if (answer(fuse_reply_open, req, fi) != 0) take_back<OpenDir>(fi);
 }
 
-bool dot_or_dotdot(const char* name) {
-  return name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'));
-}
 
 // One entry of a READDIRPLUS: its attributes and a counted lookup (the kernel takes the entry
 // as a LOOKUP's answer), or none where the name cannot be looked up as the caller (gone
