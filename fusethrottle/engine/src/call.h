@@ -38,8 +38,13 @@ struct Call {
   // reused, while its interrupt callback runs (libfuse holds it).
   std::atomic<fuse_req_t> unanswered{nullptr};
   // The request's handle and nodes, held while its handler runs (an interrupted request's
-  // handler outlives the kernel's hold of them).
+  // handler outlives the kernel's hold of them). Let go of just before the handler's answer,
+  // while the kernel still holds them: the answer lets the caller go on (a close, then an
+  // unlink), and a hold left to the end of the handler kept the file open a moment longer.
   std::shared_ptr<void> held[3];
+  void let_go_of_held() {
+    for (auto& it : held) it.reset();
+  }
   // True for the one caller who may answer *req*.
   bool claim(fuse_req_t req) { return unanswered.compare_exchange_strong(req, nullptr); }
 };
@@ -63,6 +68,7 @@ int answer(Reply reply, fuse_req_t req, Args&&... args) {
   if constexpr (std::is_same_v<Reply, int (*)(fuse_req_t, int)> && sizeof...(Args) == 1) {
     note_error((static_cast<int>(args), ...));
   }
+  this_call().let_go_of_held();
   return reply(req, std::forward<Args>(args)...);
 }
 

@@ -994,12 +994,6 @@ void op_fsyncdir(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
   answer(fuse_reply_err, req, rc == 0 ? 0 : failed());
 }
 
-// The handler is done: the last holder of a released handle lets the window have its
-// descriptor now (handles.h).
-inline void let_go_of_held(Call& call) {
-  for (auto& held : call.held) held.reset();
-}
-
 // What a request works on, held while its handler runs (Call::held): its handle (an open
 // file's or directory's; none yet for the opens) and its nodes.
 // (The handlers' argument is a fuse_file_info*, not const: an overload for const would lose
@@ -1054,7 +1048,7 @@ struct Counted<Op, Handler> {
       if constexpr (Op == FT_OP_LINK) hold_node(call, 2, std::get<1>(std::tie(args...)));
       // Called at once if the interrupt came first: then nothing is done for it.
       fuse_req_interrupt_func(req, on_interrupt, &call);
-      if (call.unanswered.load() != req) return let_go_of_held(call);
+      if (call.unanswered.load() != req) return call.let_go_of_held();
     }
     // Reads and writes pay for their size in their handlers.
     if constexpr (Op != FT_OP_READ && Op != FT_OP_WRITE) call.engine->pay(Op, 0);
@@ -1062,7 +1056,9 @@ struct Counted<Op, Handler> {
     // Metered once it was sent to the target, failed or not: the one hook of the meter.
     call.engine->meter().record(Op, call.bytes, call.error);
     stop_being_caller();
-    if constexpr (kInterruptible) let_go_of_held(call);
+    // An interrupted request's handler, done now: the last holder of a released handle lets
+    // the window have its descriptor (handles.h).
+    if constexpr (kInterruptible) call.let_go_of_held();
   }
 };
 
