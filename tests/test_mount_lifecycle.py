@@ -19,6 +19,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import MakeMount
@@ -567,6 +568,21 @@ def test_hung_target_freezes_only_the_paths_into_it(
     ft.expect_log_problems = True
 
 
+def _stuck_then_killed(victim: subprocess.Popen[Any], frozen: Daemon) -> None:
+    """*victim* waits on the frozen target, as on the dead server itself; SIGKILL ends it."""
+    time.sleep(2.0)
+    assert victim.poll() is None
+    victim.kill()
+    try:
+        victim.wait(20)
+    except subprocess.TimeoutExpired:
+        wchan = Path(f"/proc/{victim.pid}/wchan").read_text()
+        frozen.signal(signal.SIGCONT)  # let it go, or the test run hangs on it
+        victim.wait(60)
+        pytest.fail(f"SIGKILL did not end a process waiting on the hung target ({wchan})")
+    assert victim.returncode == -signal.SIGKILL
+
+
 @pytest.mark.parametrize("call", ["stat", "ls", "cat", "create"])
 def test_a_process_waiting_on_a_hung_target_can_be_killed(
     make_memfs: Callable[[str], tuple[Daemon, Path]],
@@ -599,17 +615,7 @@ def test_a_process_waiting_on_a_hung_target_can_be_killed(
     victim = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
-    time.sleep(2.0)
-    assert victim.poll() is None  # stuck, as on the dead server itself
-    victim.kill()
-    try:
-        victim.wait(20)
-    except subprocess.TimeoutExpired:
-        wchan = Path(f"/proc/{victim.pid}/wchan").read_text()
-        frozen.signal(signal.SIGCONT)  # let it go, or the test run hangs on it
-        victim.wait(60)
-        pytest.fail(f"SIGKILL did not end a process waiting on the hung target ({wchan})")
-    assert victim.returncode == -signal.SIGKILL
+    _stuck_then_killed(victim, frozen)
     # The daemon, and every path outside the hung subtree, kept serving.
     assert answers(["ls", str(ft.mountpoint / "ok")]).returncode == 0
     assert status_json(ft.mountpoint)
@@ -667,17 +673,7 @@ def test_a_process_stuck_on_an_open_file_of_a_hung_target_can_be_killed(
     frozen.stopped = True
     victim.stdin.write("go\n")
     victim.stdin.flush()
-    time.sleep(2.0)
-    assert victim.poll() is None  # stuck, as on the dead server itself
-    victim.kill()
-    try:
-        victim.wait(20)
-    except subprocess.TimeoutExpired:
-        wchan = Path(f"/proc/{victim.pid}/wchan").read_text()
-        frozen.signal(signal.SIGCONT)  # let it go, or the test run hangs on it
-        victim.wait(60)
-        pytest.fail(f"SIGKILL did not end a process stuck on an open file ({wchan})")
-    assert victim.returncode == -signal.SIGKILL
+    _stuck_then_killed(victim, frozen)
     assert answers(["ls", str(ft.mountpoint / "ok")]).returncode == 0
     assert status_json(ft.mountpoint)
     # The target comes back: the call the daemon still made ends, and the mount serves on.

@@ -213,20 +213,6 @@ bool Window::removing(const Inode& inode) {
   return inode.ledger.removing > 0;
 }
 
-void Window::dropped(SyncJob& job) {
-  job.held.reset();  // before the removal waiting for it goes ahead
-  Settled gone(*this);
-  std::lock_guard<std::mutex> guard(lock_);
-  FileLedger& f = job.inode->ledger;
-  f.queued = false;
-  uint64_t covered = std::min(job.bytes, f.syncing);
-  f.syncing -= covered;
-  in_files_ -= covered;  // the file is about to go: nothing to sync
-  collect(*job.inode, gone);
-  gate_.notify_all();
-  sync_ended_.notify_all();
-}
-
 Window::Settled::~Settled() {
   fds.clear();  // before a removal goes ahead (see let_go)
   if (window.settled_) {
@@ -305,9 +291,9 @@ void Window::end_sync(SyncJob& job, int error) {
   uint64_t covered = std::min(job.bytes, f.syncing);
   f.syncing -= covered;
   double now = now_seconds();
-  if (error == 0 || error == ESTALE) {
+  if (error == 0 || error == ESTALE || error == kNotSynced) {
     // ESTALE: the file is gone from the target (another client deleted it): its data can
-    // never be synced, and retrying would hold it forever.
+    // never be synced, and retrying would hold it forever. kNotSynced: it is about to go.
     in_files_ -= covered;
     if (error == 0) synced_ += covered;
     f.errors = 0;

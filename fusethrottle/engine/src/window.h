@@ -150,7 +150,8 @@ class Window {
   // Whether a removal waits for *inode*'s sync: the flusher ends a job it has not started
   // with dropped() instead.
   bool removing(const Inode& inode);
-  void dropped(SyncJob& job);
+  void dropped(SyncJob& job) { end_sync(job, kNotSynced); }
+  static constexpr int kNotSynced = -1;  // (never an errno)
   void wake_flusher();
   // An injected sync ended (error 0: durable).
   void end_sync(SyncJob& job, int error);
