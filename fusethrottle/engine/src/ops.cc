@@ -1007,6 +1007,14 @@ inline void hold_node(Call& call, size_t at, fuse_ino_t node) {
   if (node != 0) call.held[at] = call.engine->inodes().share(node);
 }
 
+// The kernel's write-back of its cache (a WRITE with fi->writepage): no caller waits for it,
+// so it is never interrupted, and the kernel holds its file and inode until it is answered.
+template <typename T>
+bool written_back(const T&) {
+  return false;
+}
+inline bool written_back(fuse_file_info* fi) { return fi != nullptr && fi->writepage; }
+
 // The first node id among a request's arguments (see Call::node).
 inline void first_node(fuse_ino_t& node, fuse_ino_t arg) {
   if (node == 0) node = arg;
@@ -1020,7 +1028,8 @@ template <ft_engine_op Op, auto Handler>
 struct Counted;
 template <ft_engine_op Op, typename... Args, void (*Handler)(fuse_req_t, Args...)>
 struct Counted<Op, Handler> {
-  // No caller waits for forget and release.
+  // No caller waits for forget and release (nor for the kernel's write-back, see
+  // written_back).
   static constexpr bool kInterruptible =
       Op != FT_OP_FORGET && Op != FT_OP_RELEASE && Op != FT_OP_RELEASEDIR;
   // The opens' file_info carries no handle yet: their handlers make it.
@@ -1040,7 +1049,9 @@ struct Counted<Op, Handler> {
     call.error = 0;
     if constexpr (Op != FT_OP_FORGET) (first_node(call.node, args), ...);
     call.engine->count(Op);
-    if constexpr (kInterruptible) {
+    bool interruptible = kInterruptible;
+    if constexpr (Op == FT_OP_WRITE) interruptible = !(written_back(args) || ...);
+    if (interruptible) {
       if constexpr (kOnHandle) (hold_handle(call, args), ...);
       hold_node(call, 1, call.node);
       // The other directory of a rename or link (its new parent).
@@ -1058,7 +1069,7 @@ struct Counted<Op, Handler> {
     stop_being_caller();
     // An interrupted request's handler, done now: the last holder of a released handle lets
     // the window have its descriptor (handles.h).
-    if constexpr (kInterruptible) call.let_go_of_held();
+    if (interruptible) call.let_go_of_held();
   }
 };
 
