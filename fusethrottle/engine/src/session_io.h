@@ -20,6 +20,9 @@ namespace ft {
 
 struct SessionIo {
   bool ask_killpriv_v2 = false;
+  // A request thread that served nothing for this long gives its buffer's pages back (0:
+  // never). See io_read in session_io.cc.
+  int buffer_idle_ms = 0;
   std::atomic<bool> replied{false};        // the first reply (INIT's) went out
   std::atomic<bool> killpriv_v2{false};    // and carried the flag
 };
@@ -30,6 +33,14 @@ int use_session_io(fuse_session* se, int fd);
 
 // For the hook: the SessionIo of the session whose userdata is *userdata*.
 SessionIo& session_io_of(void* userdata);
+
+// The whole pages of a request buffer at *buf* beyond its first *keep* bytes and within its
+// first *touched*: what a quiet thread gives back. {start, length}, length 0 for none.
+struct PageRange {
+  char* start;
+  size_t length;
+};
+PageRange pages_to_give_back(char* buf, size_t touched, size_t keep);
 
 // Exposed for the unit test: add the flag to *iov* if it is a successful INIT reply of
 // protocol 7; true when it did.
