@@ -26,6 +26,10 @@ class SyncPlan:
     drop: bool = False
 
 
+#: Passes over what was written past a sync's range while it was written back.
+TAIL_PASSES = 8
+
+
 def _write_back_in_pieces(fd: int, lo: int, hi: int, piece: int) -> None:
     """Two pieces in the target's queue at a time: the next one is started before the previous
     one is waited for, so the target never idles between pieces, and no page waits behind
@@ -63,7 +67,17 @@ def _fsync_path(
             # is the one the target's client holds, which counts our writes not yet sent: a
             # plain fstat on NFS first writes back every dirty page of the file and then asks
             # the server (a GETATTR), which would defeat the pieces.
-            _write_back_in_pieces(fd, hi, _libc.stat_cached(fd).st_size, plan.piece)
+            # Again while the writer added more than a piece during a pass (TAIL_PASSES at
+            # most; the window bounds what it can add).
+            done = hi
+            for _ in range(TAIL_PASSES):
+                size = _libc.stat_cached(fd).st_size
+                if size <= done:
+                    break
+                _write_back_in_pieces(fd, done, size, plan.piece)
+                if size - done < plan.piece:
+                    break
+                done = size
         (os.fdatasync if datasync else os.fsync)(fd)
         if plan and plan.drop:
             # Whole file when the range is unknown (a released small file).
