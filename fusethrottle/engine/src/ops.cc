@@ -796,7 +796,11 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
   // The back-pressure: the reply waits until the bytes fit in the window.
   size_t size = fuse_buf_size(in);
   engine.pay(FT_OP_WRITE, size);
-  engine.window().admit(size);
+  // A caller killed while its write waits here was answered EINTR: its bytes are nobody's.
+  Call& call = this_call();
+  if (!engine.window().admit(size, [&call, req] { return call.unanswered.load() != req; })) {
+    return (void)answer(fuse_reply_err, req, EINTR);
+  }
   OpenFile& file = borrow<OpenFile>(fi);
   ssize_t n = 0;
   int err;

@@ -66,12 +66,12 @@ void Window::reserve(uint64_t n, double now) {
   next_paced_ = pace == 0 ? now : std::max(now, next_paced_) + static_cast<double>(n) / pace;
 }
 
-void Window::admit(uint64_t n) {
+bool Window::admit(uint64_t n, const std::function<bool()>& abandoned) {
   std::unique_lock<std::mutex> guard(lock_);
   double start = now_seconds();
   if (!p_.enforce || (line_.empty() && ready_at(n, start) == start)) {
     reserve(n, start);
-    return;
+    return true;
   }
   uint64_t ticket = next_ticket_++;
   line_.push_back(ticket);
@@ -79,6 +79,7 @@ void Window::admit(uint64_t n) {
   double give_up = start + p_.admission_timeout;
   bool full = false;
   bool timed_out = false;
+  bool left = false;
   for (;;) {
     double now = now_seconds();
     full = full || !fits(n);
@@ -88,11 +89,17 @@ void Window::admit(uint64_t n) {
       timed_out = true;  // admitted anyway, and counted: a dead target means slow writes
       break;
     }
+    if (abandoned && abandoned()) {
+      left = true;
+      break;
+    }
     double until = ready >= 0 ? std::min(ready, give_up) : give_up;
+    if (abandoned) until = std::min(until, now + kAbandonedCheck);
     gate_.wait_until(guard, at(until));
   }
   line_.erase(std::find(line_.begin(), line_.end(), ticket));
   gate_.notify_all();  // whoever is first now looks again
+  if (left) return false;
   double now = now_seconds();
   reserve(n, now);
   if (timed_out) timeouts_++;
@@ -105,6 +112,7 @@ void Window::admit(uint64_t n) {
   // A wait equal to a bound belongs to that bound's bucket (Prometheus' "le").
   const auto& bounds = p_.wait_bounds;
   waits_[std::lower_bound(bounds.begin(), bounds.end(), now - start) - bounds.begin()]++;
+  return true;
 }
 
 void Window::landed(const std::shared_ptr<Inode>& inode, uint64_t reserved, int64_t written,

@@ -111,8 +111,11 @@ class Window {
 
   // --- the write path ---
   // Wait until *n* bytes fit (first come, first served; paced above half the window), at most
-  // admission_timeout, and reserve them.
-  void admit(uint64_t n);
+  // admission_timeout, and reserve them. A waiter for whom *abandoned* turns true (its caller
+  // was answered EINTR: killed) leaves the line within kAbandonedCheck, reserving nothing:
+  // false. (Its thread would otherwise wait for room on a hung target, for nobody.)
+  bool admit(uint64_t n, const std::function<bool()>& abandoned = {});
+  static constexpr double kAbandonedCheck = 0.1;
   // A write that reserved *reserved* ended: *written* bytes (at *off*) reached the target.
   void landed(const std::shared_ptr<Inode>& inode, uint64_t reserved, int64_t written, int64_t off);
   // The file's pending sync error, handed out once (0: none).

@@ -155,6 +155,28 @@ void test_the_gate_holds_a_write_until_a_sync_makes_room() {
   CHECK(s.throttled == 1 && s.unsynced == 8 * MiB && s.unsynced_high <= 64 * MiB);
 }
 
+void test_a_writer_killed_at_the_gate_leaves_it_reserving_nothing() {
+  ft::Window w(params());
+  auto a = file(1);
+  w.admit(60 * MiB);
+  w.landed(a, 60 * MiB, 60 * MiB, 0);
+  std::atomic<bool> killed{false};
+  std::atomic<int> result{-1};
+  std::thread writer([&] { result = w.admit(8 * MiB, [&] { return killed.load(); }) ? 1 : 0; });
+  while (w.stats().waiting == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  killed = true;  // no sync makes room: only the check lets it go
+  writer.join();
+  CHECK(result == 0);
+  auto s = w.stats();
+  CHECK(s.waiting == 0 && s.unsynced == 60 * MiB && s.throttled == 0);
+  // The line moved on: once a sync makes room, the next writer is admitted.
+  auto jobs = w.take_due(ft::now_seconds());
+  CHECK(jobs.size() == 1);
+  if (jobs.size() == 1) w.end_sync(jobs[0], 0);
+  CHECK(w.admit(8 * MiB, [] { return false; }));
+  CHECK(w.stats().unsynced == 8 * MiB);
+}
+
 void test_a_forgotten_file_is_synced_even_without_injection() {
   ft::WindowParams p = params();
   p.inject = false;
@@ -393,6 +415,7 @@ int main() {
   test_a_failed_sync_keeps_its_bytes_and_its_error_for_the_application_once();
   test_the_applications_own_fsync_takes_the_bytes_and_truncation_discards_them();
   test_the_gate_holds_a_write_until_a_sync_makes_room();
+  test_a_writer_killed_at_the_gate_leaves_it_reserving_nothing();
   test_a_forgotten_file_is_synced_even_without_injection();
   test_a_file_about_to_be_removed_is_let_go_of_unless_open_or_syncing();
   test_a_removal_waits_for_a_running_sync_and_drops_one_not_started();
