@@ -25,7 +25,7 @@ std::atomic<bool> switching{false};
 // so they are kept a second per thread rather than read on every request, for the last
 // kGroupsKept callers the thread served: the kernel hands requests to threads in turn, so
 // with 8 writers at once a thread that kept one caller's read /proc on nearly every request
-// (a third of the daemon's CPU in `files8`).
+// (a sixth of the daemon's samples in `files8`).
 constexpr auto kGroupsTtl = std::chrono::seconds(1);
 constexpr size_t kMaxGroups = 65536;
 constexpr size_t kGroupsKept = 16;
