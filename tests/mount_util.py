@@ -122,6 +122,43 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
         time.sleep(interval)
 
 
+def stream_landing(path: Path, landed: Path, total: int) -> list[tuple[float, int]]:
+    """Write *total* bytes (1 MiB writes, then an fsync) to *path* on a thread, sampling how
+    much has landed at *landed* on the target every 50 ms until all of it has: (seconds since
+    before the first write, bytes), each size read before its clock, so a bound that grows with
+    the time passed can only be loosened by a slow machine. A hang guard fails after 120 s.
+
+    Landed means stored: the blocks the target allocated, not the file's size, which a write
+    further on moves past holes the kernel's other write-back requests have not filled yet."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    start = time.monotonic()
+    failed: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            for _ in range(total // (1 << 20)):
+                os.write(fd, os.urandom(1 << 20))
+            os.fsync(fd)  # all of it to the target now, not at the kernel's leisure
+        except BaseException as err:
+            failed.append(err)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    samples: list[tuple[float, int]] = []
+    try:
+        while not samples or samples[-1][1] < total:
+            time.sleep(0.05)
+            size = landed.stat().st_blocks * 512
+            elapsed = time.monotonic() - start
+            samples.append((elapsed, size))
+            assert not failed, failed
+            assert elapsed < 120, f"only {size / (1 << 20):.1f} MiB landed in {elapsed:.0f} s"
+    finally:
+        thread.join()
+        os.close(fd)
+    return samples
+
+
 def fusermount_unmount(path: str | Path, lazy: bool = False) -> subprocess.CompletedProcess[str]:
     args = ["fusermount3", "-u", *(["-z"] if lazy else []), str(path)]  # (its reason kept)
     return subprocess.run(args, capture_output=True, text=True, timeout=STOP_TIMEOUT, check=False)

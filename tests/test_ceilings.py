@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import threading
-import time
-
 import pytest
 import trio
 import trio.testing
+from mount_util import stream_landing
 
 from fusethrottle.metering.ceilings import BURST_SECONDS, Ceilings
 from fusethrottle.metering.meter import Meter, OpClass, profile
@@ -87,36 +84,7 @@ def test_a_real_mount_never_lets_more_than_the_limit_through(make_mount) -> None
     total = 2 * burst + 4 * MiB  # at least half a second at the limit, past the burst
     daemon = make_mount(options=[f"metered_limit={limit}", "mode=off"])
     assert daemon.source is not None
-    path = daemon.mountpoint / "stream.bin"
-    landed = daemon.source / "stream.bin"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    start = time.monotonic()
-
-    failed: list[BaseException] = []
-
-    def writer() -> None:
-        try:
-            for _ in range(total // MiB):
-                os.write(fd, os.urandom(MiB))
-            os.fsync(fd)  # all of it to the target now, at the limit (not at the kernel's leisure)
-        except BaseException as err:
-            failed.append(err)
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    samples: list[tuple[float, int]] = []
-    try:
-        while not samples or samples[-1][1] < total:
-            time.sleep(0.05)
-            # Size first, then the clock: the bound is checked against at least the time passed.
-            size = landed.stat().st_size
-            elapsed = time.monotonic() - start
-            samples.append((elapsed, size))
-            assert not failed, failed
-            assert elapsed < 120, f"only {size / MiB:.1f} MiB landed in {elapsed:.0f} s"
-    finally:
-        thread.join()
-        os.close(fd)
+    samples = stream_landing(daemon.mountpoint / "stream.bin", daemon.source / "stream.bin", total)
     for elapsed, size in samples:
         allowed = burst + limit * elapsed + MiB  # one write may be passing the gate
         assert size <= allowed, f"{size / MiB:.1f} MiB landed after {elapsed:.2f} s"

@@ -29,7 +29,7 @@ from fusethrottle.observability.metrics.engine_snapshot import EngineView, engin
 from fusethrottle.observability.metrics.snapshot import RateHistory
 from fusethrottle.observability.status_view import format_status
 from fusethrottle.service.memory_cgroup import OwnMemoryCgroup
-from fusethrottle.service.options import NATIVE_UNSUPPORTED, OptionError, parse_options
+from fusethrottle.service.options import OptionError, parse_options
 from fusethrottle.service.placement import Placement
 from fusethrottle.window.controller import make_controller
 
@@ -46,15 +46,6 @@ def test_engine_is_python_unless_asked() -> None:
 def test_an_unknown_engine_is_refused() -> None:
     with pytest.raises(OptionError, match="'rust' is not one of python, native"):
         parse_options(["engine=rust"])
-
-
-@pytest.mark.parametrize("option", ["budget=redis://localhost:6379/b"])
-def test_what_the_native_engine_does_not_serve_yet_is_refused_not_ignored(option: str) -> None:
-    key = option.partition("=")[0]
-    assert key in NATIVE_UNSUPPORTED
-    with pytest.raises(OptionError, match=f"engine=native does not serve {key}= yet"):
-        parse_options(["engine=native", option])
-    parse_options([option])  # the Python data plane takes it
 
 
 def _native_snapshot(stats: EngineStats, errors: list[tuple[str, int, int]]) -> dict[str, Any]:

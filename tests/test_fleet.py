@@ -18,7 +18,15 @@ import trio.testing
 
 from fusethrottle.metering.fleet import FleetShare
 from fusethrottle.metering.fleet_redis import StoreError
-from fusethrottle.metering.fleet_share import BUCKET_SECONDS, GRANT_CAP_SECONDS, Fallback, Grant
+from fusethrottle.metering.fleet_share import (
+    BUCKET_SECONDS,
+    GRANT_CAP_SECONDS,
+    PACE_BURST_SECONDS,
+    Fallback,
+    Grant,
+    Spending,
+)
+from fusethrottle.metering.token_bucket import TokenBucket
 
 MiB = 1 << 20
 RATE = 60 * MiB
@@ -277,5 +285,69 @@ def test_writes_already_waiting_speed_up_when_the_share_grows() -> None:
             await trio.sleep(0.3)
             assert passed["b"] - before >= 0.9 * RATE * 0.3
             nursery.cancel_scope.cancel()
+
+    run_mock(main)
+
+
+@dataclass
+class EngineGate:
+    """The native engine's side of the hand-out (fleet_gate.h) on the trio clock: requests take
+    from totals up to the allowance handed out, then wait out the pace. Its own rules are
+    tested in C++ (window_test.cc); here, that the renewer keeps it fed and within the fleet."""
+
+    fleet: FleetShare
+    metered: float = 0.0
+    allow: float = 0.0
+    pace: TokenBucket = field(default_factory=lambda: TokenBucket(0, 1, 0.0))
+    waiting: int = 0
+    handed_out: int = 0
+
+    def fleet_spending(self) -> Spending:
+        return Spending(self.metered, 0.0, self.waiting, 0, 0, 0.0)
+
+    def fleet_hand_out(self, allowance: tuple[float, float], pace: tuple[float, float]) -> None:
+        self.allow = allowance[0]
+        self.handed_out += 1
+        if pace[0] != self.pace.rate:
+            self.pace.set_rate(trio.current_time(), pace[0], pace[0] * PACE_BURST_SECONDS)
+
+    async def spend(self, size: float) -> None:
+        if self.metered >= self.allow:
+            self.waiting += 1
+            self.fleet.wake()
+            while self.metered >= self.allow:
+                await trio.sleep(0.001)
+            self.waiting -= 1
+        self.metered += size
+        await trio.sleep(self.pace.delay_for(trio.current_time(), size))
+
+
+def test_the_engines_requests_spend_the_share_the_renewer_hands_out() -> None:
+    """engine=native: the lease is renewed in Python and spent by the engine's threads; two
+    mounts still split the fleet's rate, and no more passes than Redis granted."""
+
+    async def main() -> None:
+        fake = FakeFleet()
+        mounts = [fleet_budget(fake, f"m{i}") for i in range(2)]
+        gates = [EngineGate(m) for m in mounts]
+        for m, gate in zip(mounts, gates, strict=True):
+            m.spend_through(gate)
+
+        async def writer(gate: EngineGate) -> None:
+            while True:
+                await gate.spend(MiB)
+
+        async with trio.open_nursery() as nursery:
+            for m, gate in zip(mounts, gates, strict=True):
+                await nursery.start(m.run)
+                nursery.start_soon(writer, gate)
+            await trio.sleep(30.0)
+            nursery.cancel_scope.cancel()
+        spent = [g.metered for g in gates]
+        granted = sum(m.granted_metered_total for m in mounts)
+        assert sum(spent) <= granted + 2 * MiB  # a request of debt each, at most
+        assert sum(spent) == pytest.approx(RATE * 30, rel=0.05)
+        assert spent[0] == pytest.approx(spent[1], rel=0.05)
+        assert max(m.round_trips_total for m in mounts) < 30 * 20  # leases, not a trip a write
 
     run_mock(main)

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 import trio
-from mount_util import status_json, wait_for
+from mount_util import status_json, stream_landing, wait_for
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis_util import RedisServer
 
 from fusethrottle.metering.fleet_command import main as fleet_main
+from fusethrottle.metering.fleet_share import PACE_BURST_SECONDS
 from fusethrottle.metering.meter import Meter, OpClass, profile_for
 from fusethrottle.observability import metrics
 from fusethrottle.observability.metrics import Metrics, Recorder
@@ -223,3 +224,28 @@ def test_a_mount_writes_through_a_redis_outage_and_rejoins(
     assert log.count("unavailable") == 1, log  # logged once, not once per retry
     assert "Traceback" not in log and " ERROR " not in log
     assert "is back after" in log
+
+
+@pytest.mark.mount
+def test_a_mount_sends_the_target_no_more_than_its_share(
+    redis_server: RedisServer, make_mount
+) -> None:
+    """One mount alone in a fleet of 8 MiB/s: the target receives no more than the share allows
+    over the time that passed (the pace's burst and one write on top), and all of it arrives.
+    On the native engine the lease is renewed here and spent by the engine's threads, so this
+    is the hand-out's proof: a writer through a mount that ignored the budget would land all
+    12 MiB at once. Measured at the target, as the ceilings' test (test_ceilings.py), with the
+    same reasons why no margin of time can flake."""
+    rate = 8 * MiB
+    url = f"{redis_server.url}/share"
+    assert fleet_main(["set", url, "--metered", "8M"]) == 0
+    daemon = make_mount(options=[f"budget={url}", "mode=off"])
+    assert daemon.source is not None
+    total = 12 * MiB  # a second and a half at the share
+    samples = stream_landing(daemon.mountpoint / "share.bin", daemon.source / "share.bin", total)
+    for elapsed, size in samples:
+        allowed = rate * PACE_BURST_SECONDS + rate * elapsed + MiB
+        assert size <= allowed, f"{size / MiB:.1f} MiB landed after {elapsed:.2f} s"
+    fleet = status_json(daemon.mountpoint)["fleet"]
+    assert fleet["share_metered"] == rate
+    assert fleet["granted_metered_total"] >= total

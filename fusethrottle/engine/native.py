@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..metering.fleet_share import Spending
 from ..metering.meter import (
     NEVER_WAIT,
     PROFILES,
@@ -24,7 +25,7 @@ from ..metering.meter import (
 )
 
 #: Must match FT_ENGINE_ABI of the library.
-ABI = 7
+ABI = 8
 LIBRARY = Path(__file__).with_name("libfusethrottle_engine.so")
 LIBRARY_ENV = "FUSETHROTTLE_ENGINE_LIBRARY"
 _ERROR_SIZE = 512
@@ -103,10 +104,17 @@ class _Meter(ctypes.Structure):
         ("metered_limit", ctypes.c_double),
         ("ops_limit", ctypes.c_double),
         ("throttle_reads", ctypes.c_int),
+        ("fleet", ctypes.c_int),
     )
 
 
-def _meter(profile: MeterProfile, metered_limit: float, ops_limit: float, reads: bool) -> _Meter:
+def _meter(
+    profile: MeterProfile,
+    metered_limit: float,
+    ops_limit: float,
+    reads: bool,
+    fleet: bool = False,
+) -> _Meter:
     return _Meter(
         profile.data_min,
         profile.meta_min,
@@ -118,6 +126,7 @@ def _meter(profile: MeterProfile, metered_limit: float, ops_limit: float, reads:
         metered_limit,
         ops_limit,
         int(reads),
+        int(fleet),
     )
 
 
@@ -195,6 +204,12 @@ class _Stats(ctypes.Structure):
         ("relief_high", ctypes.c_uint64),
         ("names_dropped", ctypes.c_uint64),
         ("page_cache_drops", ctypes.c_uint64),
+        ("fleet_spent_metered", ctypes.c_double),
+        ("fleet_spent_units", ctypes.c_double),
+        ("fleet_waiting", ctypes.c_uint64),
+        ("fleet_pacing", ctypes.c_uint64),
+        ("fleet_waited", ctypes.c_uint64),
+        ("fleet_wait_seconds", ctypes.c_double),
     )
 
 
@@ -258,6 +273,8 @@ class EngineConfig:
     metered_limit: float = 0.0
     ops_limit: float = 0.0
     throttle_reads: bool = False
+    #: budget=: requests spend the fleet's share first, as fleet_hand_out hands it out.
+    fleet: bool = False
     #: The bounds (seconds, ascending, at most ADMISSION_BOUNDS) of the histogram of writes'
     #: waits at the gate.
     admission_bounds: tuple[float, ...] = ()
@@ -305,6 +322,13 @@ class EngineStats:
     relief_high: int = 0
     names_dropped: int = 0
     page_cache_drops: int = 0
+    #: The fleet's share (budget=): what requests spent of it, and who waits for it.
+    fleet_spent_metered: float = 0.0
+    fleet_spent_units: float = 0.0
+    fleet_waiting: int = 0
+    fleet_pacing: int = 0
+    fleet_waited: int = 0
+    fleet_wait_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -365,6 +389,8 @@ def load() -> ctypes.CDLL:
     lib.ft_engine_read_events.argtypes = (ctypes.c_void_p, ctypes.POINTER(_Event), ctypes.c_size_t)
     lib.ft_engine_set_window.restype = None
     lib.ft_engine_set_window.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_double)
+    lib.ft_engine_fleet_hand_out.restype = None
+    lib.ft_engine_fleet_hand_out.argtypes = (ctypes.c_void_p,) + (ctypes.c_double,) * 4
     lib.ft_engine_unsynced.restype = ctypes.c_size_t
     lib.ft_engine_unsynced.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
     lib.ft_engine_read_errors.restype = ctypes.c_size_t
@@ -415,7 +441,13 @@ class NativeEngine:
             config.sync_threads,
             int(config.killpriv_v2),
             int(config.target_decides),
-            _meter(config.meter, config.metered_limit, config.ops_limit, config.throttle_reads),
+            _meter(
+                config.meter,
+                config.metered_limit,
+                config.ops_limit,
+                config.throttle_reads,
+                config.fleet,
+            ),
             (ctypes.c_double * ADMISSION_BOUNDS)(*config.admission_bounds[:ADMISSION_BOUNDS]),
             int(config.uncached),
         )
@@ -486,6 +518,24 @@ class NativeEngine:
         """The controller's decision: what the gate admits, and the pace above half of it."""
         assert self._handle is not None
         self._lib.ft_engine_set_window(self._handle, window, commit_rate or 0.0)
+
+    def fleet_spending(self) -> Spending:
+        """What requests spent of the fleet's share, and who waits for it."""
+        s = self.stats()
+        return Spending(
+            s.fleet_spent_metered,
+            s.fleet_spent_units,
+            s.fleet_waiting,
+            s.fleet_pacing,
+            s.fleet_waited,
+            s.fleet_wait_seconds,
+        )
+
+    def fleet_hand_out(self, allowance: tuple[float, float], pace: tuple[float, float]) -> None:
+        """The fleet's lease: spend up to these totals of (metered bytes, op units) (inf: no
+        lease needed), at this pace per second (0: unpaced)."""
+        assert self._handle is not None
+        self._lib.ft_engine_fleet_hand_out(self._handle, *allowance, *pace)
 
     def close_the_cache(self) -> None:
         """Refuse everything new but the kernel's write-back and closes (ENOTCONN)."""

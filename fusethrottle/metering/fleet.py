@@ -32,7 +32,14 @@ import trio
 from ..service.options import Config
 from ..trio_compat import run_sync_abandoning
 from .fleet_redis import RedisFleetStore, StoreError, read_password
-from .fleet_share import ACTIVE_HOLD_FACTOR, LEASE_MAX_SECONDS, Fallback, Grant, LeasePool
+from .fleet_share import (
+    ACTIVE_HOLD_FACTOR,
+    LEASE_MAX_SECONDS,
+    Fallback,
+    Grant,
+    LeasePool,
+    Spending,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,15 @@ class FleetStore(Protocol):
     def close(self) -> None: ...
 
     # Optional: ``watch(stop, on_change)`` (fleet_redis.RedisFleetStore.watch), the fleet's news.
+
+
+class Spender(Protocol):
+    """Writers that spend the lease on their own threads (the native engine, fleet_gate.h):
+    the renewer reads what they spent and hands them what is left, as totals."""
+
+    def fleet_spending(self) -> Spending: ...
+
+    def fleet_hand_out(self, allowance: tuple[float, float], pace: tuple[float, float]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -137,6 +153,10 @@ class FleetShare:
         self.errors_total = 0
         self.waited_total = 0
         self.wait_seconds_total = 0.0
+        #: The native engine's requests, when they are the writers (spend_through).
+        self._spender: Spender | None = None
+        self._spender_seen = (0.0, 0.0)
+        self._spender_waiting = 0
 
     # --- writers -----------------------------------------------------------------------------
     async def acquire(self, metered: float, units: float) -> float:
@@ -168,6 +188,38 @@ class FleetShare:
             self.wait_seconds_total += waited
         return waited
 
+    def spend_through(self, spender: Spender) -> None:
+        """The writers are *spender*'s (the native engine): it reserves on its own threads,
+        and the renewer keeps it handed out (before run())."""
+        self._spender = spender
+
+    def wake(self) -> None:
+        """The spender's writers wait for a lease: renew now, not at the next tick."""
+        self._wake.set()
+
+    def _settle_spender(self, now: float) -> None:
+        """Debit what the spender's writers took since the last look, and hand them what is
+        left of the lease and the pace (as totals: what they take meanwhile counts against it)."""
+        spender = self._spender
+        if spender is None:
+            return
+        spending = spender.fleet_spending()
+        seen_metered, seen_units = self._spender_seen
+        self.pool.spent(
+            now,
+            spending.metered - seen_metered,
+            spending.units - seen_units,
+            busy=spending.waiting + spending.pacing > 0,
+        )
+        self._spender_seen = (spending.metered, spending.units)
+        self._spender_waiting = spending.waiting
+        self.waited_total = spending.waited
+        self.wait_seconds_total = spending.wait_seconds
+        left_metered, left_units = self.pool.allowance(now)
+        spender.fleet_hand_out(
+            (spending.metered + left_metered, spending.units + left_units), self.pool.pace()
+        )
+
     async def _wait_for_lease(self) -> None:
         self._waiting += 1
         self._wake.set()
@@ -189,7 +241,9 @@ class FleetShare:
                 if hasattr(self._store, "watch"):
                     nursery.start_soon(self._watch)
                 while True:
+                    self._settle_spender(trio.current_time())
                     await self._step(trio.current_time())
+                    self._settle_spender(trio.current_time())
                     with trio.move_on_after(TICK):
                         await self._wake.wait()
                     self._wake = trio.Event()
@@ -238,11 +292,11 @@ class FleetShare:
             if now < self._next_rejoin:
                 return
             self._next_rejoin = now + REJOIN_INTERVAL
-            if self._waiting or now - pool.last_demand < 1.0:
+            if self._waiting or self._spender_waiting or now - pool.last_demand < 1.0:
                 await self._lease(now)
             else:  # nobody writes: check Redis without taking a share
                 await self._call_release((0.0, 0.0), rejoin=True)
-        elif pool.needs_lease(now, self._waiting > 0):
+        elif pool.needs_lease(now, self._waiting + self._spender_waiting > 0):
             await self._lease(now)
         elif pool.idle(now):
             await self._call_release(pool.release())

@@ -101,6 +101,19 @@ def lease_seconds(
 
 
 @dataclass(frozen=True)
+class Spending:
+    """What writers that reserve on their own (the native engine's requests, fleet_gate.h)
+    report: totals since the mount, and who waits now."""
+
+    metered: float
+    units: float
+    waiting: int  # for a lease
+    pacing: int  # for their pace turn
+    waited: int  # requests that waited, in all
+    wait_seconds: float
+
+
+@dataclass(frozen=True)
 class PoolStatistics:
     """What the pool shows the metrics: in the units of the fleet budget."""
 
@@ -169,6 +182,32 @@ class LeasePool:
             self.balance_units += units if self.limits_units else 0.0
         self._pace_metered.refund(now, metered)
         self._pace_units.refund(now, units)
+
+    # --- writers that reserve on their own (the native engine) -------------------------------
+    def spent(self, now: float, metered: float, units: float, *, busy: bool) -> None:
+        """Such writers took this much since the last call (*busy*: some wait now, for a
+        lease or their pace): debit it, as reserve() would have."""
+        if metered > 0 or units > 0 or busy:
+            self.last_demand = max(self.last_demand, now)
+        if self.leasing:
+            self._expire(now)
+            self.balance_metered -= metered if self.limits_metered else 0.0
+            self.balance_units -= units if self.limits_units else 0.0
+
+    def allowance(self, now: float) -> tuple[float, float]:
+        """How much more such writers may take before the next lease (inf: no lease needed,
+        on the fallback or where the fleet sets no such limit)."""
+        if not self.leasing:
+            return math.inf, math.inf
+        self._expire(now)
+        return (
+            max(self.balance_metered, 0.0) if self.limits_metered else math.inf,
+            max(self.balance_units, 0.0) if self.limits_units else math.inf,
+        )
+
+    def pace(self) -> tuple[float, float]:
+        """The rates writers spend at now (0: unpaced)."""
+        return self._pace_metered.rate, self._pace_units.rate
 
     # --- the renewer -------------------------------------------------------------------------
     def needs_lease(self, now: float, waiting: bool) -> bool:

@@ -7,8 +7,9 @@ trio, the controller resizes the window and the kernel's share of it, and the en
 new window. The engine meters every request by the rules this process hands it (meter.py)
 and holds writes at the ceilings; its statistics become the same Snapshot the Python data
 plane publishes (engine_snapshot.py), behind ``fusethrottle status`` and the Prometheus
-endpoint alike. The fleet budget is still the Python data plane's alone
-(options.NATIVE_UNSUPPORTED refuses what the engine does not serve).
+endpoint alike. With a fleet budget (budget=), this process renews the lease from Redis
+(fleet.py) and the engine's requests spend it (fleet_gate.h): every tick the renewer debits
+what they spent and hands them what is left, so no engine thread waits on Python.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import trio
 from .. import _libc
 from ..engine.native import EngineConfig, EngineUnavailable, LostEvent, NativeEngine, SyncEvent
 from ..loglimit import LogLimiter
+from ..metering import fleet
 from ..metering.meter import profile_for
 from ..observability.metrics import Recorder, bind_endpoint, make_registry, serve_endpoint
 from ..observability.metrics.definitions import ADMISSION_BUCKETS
@@ -99,6 +101,7 @@ def engine_config(config: Config, uncached: bool = False) -> EngineConfig:
         metered_limit=config.metered_limit,
         ops_limit=config.ops_limit,
         throttle_reads=config.throttle_reads,
+        fleet=config.budget is not None,
         admission_bounds=ADMISSION_BUCKETS,
         uncached=uncached,
     )
@@ -168,6 +171,10 @@ class NativeDaemon:
         self._lost: dict[int, tuple[str, int]] = {}
         #: The injected fsyncs the engine reported, as the Python data plane's histograms.
         self._fsyncs = Recorder()
+        #: This mount's share of the fleet budget (budget=), spent by the engine's requests.
+        self.fleet = fleet.from_config(self.config)
+        if self.fleet is not None:
+            self.fleet.spend_through(engine)
         self.metrics = Publisher(self.config, self._snapshot)
         self._server = server
 
@@ -177,6 +184,8 @@ class NativeDaemon:
         await trio.to_thread.run_sync(self.kernel_cache.attach, self._device, self._total)
         self._hand_window()
         async with trio.open_nursery() as nursery:
+            if self.fleet is not None:
+                await nursery.start(self.fleet.run)
             nursery.start_soon(self._signals)
             nursery.start_soon(self._control)
             await nursery.start(self.metrics.run_publisher)
@@ -264,6 +273,8 @@ class NativeDaemon:
             await trio.lowlevel.wait_readable(fd)
             with contextlib.suppress(BlockingIOError):
                 os.read(fd, 8)
+            if self.fleet is not None:
+                self.fleet.wake()  # a request may wait for a lease (the engine pokes then)
             self._take_events()
             total = effective_window(self.controller.window, self.controller.commit_rate)
             if total != self._total:
@@ -295,6 +306,7 @@ class NativeDaemon:
             self.controller,
             self._total,
             self.kernel_cache.statistics().limit_bytes,
+            self.fleet.statistics(now) if self.fleet is not None else None,
         )
         return engine_snapshot(
             self.config,

@@ -128,11 +128,6 @@ MEMORY_CGROUP_MODES = ("auto", "off")
 TARGET_IO_MODES = ("auto", "buffered", "direct")
 #: Which data plane serves the mount's requests: the Python one (pyfuse3), or the C++ engine.
 ENGINES = ("python", "native")
-#: What the native engine does not do yet, with the value that asks nothing of it. Set to
-#: anything else with engine=native, the mount is refused rather than served without it.
-NATIVE_UNSUPPORTED: dict[str, object] = {
-    "budget": None,
-}
 #: Whom calls to the target run as (credentials.py): the process that asked, or the daemon.
 CREDENTIAL_MODES = ("caller", "daemon")
 #: Who decides whether a caller may: the kernel, from the attributes (default_permissions), or
@@ -444,12 +439,6 @@ def validate(config: Config) -> None:
         raise OptionError("budget_timeout must be between 10ms and 10s")
     if config.budget_ca and (config.budget is None or not config.budget.tls):
         raise OptionError("budget_ca is for a rediss:// (TLS) budget")
-    if config.engine == "native":
-        for key, plain in NATIVE_UNSUPPORTED.items():
-            if getattr(config, key) != plain:
-                raise OptionError(
-                    f"engine=native does not serve {key}= yet: leave it out or use engine=python"
-                )
     try:
         profile(config.meter, **dict(config.meter_overrides))
     except ValueError as err:

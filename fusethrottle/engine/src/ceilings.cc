@@ -28,6 +28,15 @@ void TokenBucket::refund(double now, double amount) {
   tokens_ = std::min(burst_, tokens_ + amount);
 }
 
+void TokenBucket::set_rate(double now, double rate, double burst) {
+  bool was_unlimited = unlimited();
+  refill(now);
+  rate_ = std::max(rate, 0.0);
+  burst_ = rate_ > 0 ? std::max(burst, 1.0) : burst;
+  tokens_ = was_unlimited ? burst_ : std::min(tokens_, burst_);
+  last_ = std::max(last_, now);
+}
+
 Ceilings::Ceilings(double metered_limit, double ops_limit, bool throttle_reads, double now)
     : bytes_(metered_limit, std::max(metered_limit * kBurstSeconds, double(1 << 20)), now),
       units_(ops_limit, std::max(ops_limit * kBurstSeconds, 5.0), now),
@@ -35,8 +44,7 @@ Ceilings::Ceilings(double metered_limit, double ops_limit, bool throttle_reads, 
       throttle_reads_(throttle_reads) {}
 
 void Ceilings::pay(OpClass cls, Charge charge) {
-  if (!active_ || cls == OpClass::kNone) return;
-  if (cls != OpClass::kDataWrite && !throttle_reads_) return;
+  if (!active_ || !applies_to(cls)) return;
   std::unique_lock<std::mutex> guard(lock_);
   if (open_) return;
   double now = now_seconds();

@@ -22,6 +22,10 @@ class TokenBucket {
   bool unlimited() const { return rate_ <= 0; }
   double delay_for(double now, double amount);
   void refund(double now, double amount);
+  // A new rate (and burst) from *now* on; debt is kept, so callers already queued keep their
+  // place. From unlimited, the bucket starts full.
+  void set_rate(double now, double rate, double burst);
+  double rate() const { return rate_; }
 
  private:
   void refill(double now);
@@ -41,6 +45,10 @@ class Ceilings {
   Ceilings(double metered_limit, double ops_limit, bool throttle_reads, double now);
 
   bool active() const { return active_; }
+  // Requests of *cls* pay (writes; reads and metadata too with throttle_reads).
+  bool applies_to(OpClass cls) const {
+    return cls != OpClass::kNone && (cls == OpClass::kDataWrite || throttle_reads_);
+  }
   // Reserve *charge* of a request of class *cls*, and wait until it may go (or the mount
   // closes: then it goes at once, its tokens given back).
   void pay(OpClass cls, Charge charge);

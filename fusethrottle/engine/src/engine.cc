@@ -94,7 +94,9 @@ int Engine::serve() {
 
 void Engine::close_the_cache() {
   closing_.store(true, std::memory_order_release);
-  ceilings_.open_up();  // what waits at a ceiling goes now: the kernel's write-back must end
+  // What waits at a ceiling or for the fleet's share goes now: the kernel's write-back must end.
+  ceilings_.open_up();
+  fleet_.open_up();
   if (!session_) return;
   fuse_lowlevel_notify_inval_inode(session_.get(), FUSE_ROOT_ID, -1, 0);
   for (fuse_ino_t node : inodes_.nodes()) {
@@ -158,6 +160,7 @@ ft_engine* ft_engine_mount(const ft_engine_config* config, char* error, size_t e
   options.metered_limit = m.metered_limit;
   options.ops_limit = m.ops_limit;
   options.throttle_reads = m.throttle_reads != 0;
+  options.fleet = m.fleet != 0;
   auto handle = std::make_unique<ft_engine>();
   handle->engine = std::make_unique<ft::Engine>(std::move(options));
   std::string why;
@@ -207,6 +210,13 @@ void ft_engine_read_stats(ft_engine* engine, ft_engine_stats* out) {
   ft::CeilingStats c = e.ceilings().stats();
   out->ceiling_delayed = c.delayed;
   out->ceiling_delay_seconds = c.delay_seconds;
+  ft::FleetGateStats f = e.fleet().stats();
+  out->fleet_spent_metered = f.spent_metered;
+  out->fleet_spent_units = f.spent_units;
+  out->fleet_waiting = f.waiting;
+  out->fleet_pacing = f.pacing;
+  out->fleet_waited = f.waited;
+  out->fleet_wait_seconds = f.wait_seconds;
   for (size_t i = 0; i < w.waits.size() && i <= FT_ADMISSION_BOUNDS; i++) out->admission_waits[i] = w.waits[i];
   out->open_handles = e.open_handles();
   out->relief_high = e.relief().high();
@@ -235,6 +245,11 @@ size_t ft_engine_read_events(ft_engine* engine, ft_engine_event* out, size_t max
 
 void ft_engine_set_window(ft_engine* engine, uint64_t window, double commit_rate) {
   engine->engine->window().set_window(window, commit_rate);
+}
+
+void ft_engine_fleet_hand_out(ft_engine* engine, double allow_metered, double allow_units,
+                              double pace_metered, double pace_units) {
+  engine->engine->fleet().hand_out(allow_metered, allow_units, pace_metered, pace_units);
 }
 
 void ft_engine_close_the_cache(ft_engine* engine) { engine->engine->close_the_cache(); }

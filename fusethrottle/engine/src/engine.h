@@ -10,6 +10,7 @@
 
 #include "ceilings.h"
 #include "events.h"
+#include "fleet_gate.h"
 #include "flusher.h"
 #include "fusethrottle_engine.h"
 #include "inode.h"
@@ -41,6 +42,7 @@ struct Options {
   double metered_limit = 0;
   double ops_limit = 0;
   bool throttle_reads = false;
+  bool fleet = false;  // budget=: requests spend the fleet's share first (fleet_gate.h)
 };
 
 class Engine {
@@ -51,7 +53,8 @@ class Engine {
         pages_(inodes_),
         flusher_(window_, events_, pages_),
         meter_(options_.meter, options_.classes),
-        ceilings_(options_.metered_limit, options_.ops_limit, options_.throttle_reads, now_seconds()) {
+        ceilings_(options_.metered_limit, options_.ops_limit, options_.throttle_reads, now_seconds()),
+        fleet_(options_.fleet, now_seconds(), [this] { events_.poke(); }) {
     // A forgotten file the window synced leaves the table (see InodeTable::forget).
     window_.when_settled([this](const std::shared_ptr<Inode>& inode) { inodes_.settled(inode); });
   }
@@ -79,12 +82,17 @@ class Engine {
   SessionIo& session_io() { return io_; }
   Meter& meter() { return meter_; }
   Ceilings& ceilings() { return ceilings_; }
+  FleetGate& fleet() { return fleet_; }
   const Relief& relief() const { return relief_; }
-  // A request of *op* moving *nbytes* waits here until the ceilings let it go.
+  // A request of *op* moving *nbytes* waits here until the fleet's share and then the local
+  // ceilings let it go (a write waits for the tighter of the two, as ceilings.py).
   void pay(ft_engine_op op, uint64_t nbytes) {
-    if (!ceilings_.active() || !meter_.may_wait(op)) return;
+    if ((!ceilings_.active() && !fleet_.on()) || !meter_.may_wait(op)) return;
     OpClass cls = meter_.class_of(op);
-    ceilings_.pay(cls, price(meter_.profile(), cls, nbytes));
+    if (!ceilings_.applies_to(cls)) return;
+    Charge charge = price(meter_.profile(), cls, nbytes);
+    fleet_.spend(charge);
+    ceilings_.pay(cls, charge);
   }
   // Files and directories open through the mount (handles.h: Tally).
   std::atomic<uint64_t>& handles() { return open_handles_; }
@@ -112,6 +120,7 @@ class Engine {
   Flusher flusher_;  // after what it uses: its threads end first
   Meter meter_;
   Ceilings ceilings_;
+  FleetGate fleet_;
   struct SessionDeleter {
     void operator()(fuse_session* se) const { fuse_session_destroy(se); }
   };

@@ -23,6 +23,10 @@ void EventRing::push(const ft_engine_event& event) {
     }
     queue_.push_back(event);
   }
+  poke();
+}
+
+void EventRing::poke() {
   uint64_t one = 1;
   if (signal_) (void)!::write(signal_.get(), &one, sizeof one);  // full counter: already signalled
 }

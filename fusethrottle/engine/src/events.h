@@ -20,6 +20,9 @@ class EventRing {
   // counted): the engine never waits for Python.
   void push(const ft_engine_event& event);
   size_t drain(ft_engine_event* out, size_t max);
+  // Make the descriptor readable without an event: the control plane should look at the
+  // statistics now (a request waits for the fleet's lease).
+  void poke();
   uint64_t dropped();
   // The target failed to store data of the file *path_fd* names, with *error*: a LOST event
   // if the error says so (a bad request is not a loss).

@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a structure or call below changes: Python refuses a library of another. */
-#define FT_ENGINE_ABI 7
+#define FT_ENGINE_ABI 8
 
 /* The requests the engine serves, in the order of ft_engine_stats.operations (native.py
  * names them as the FUSE operations they are). */
@@ -47,6 +47,8 @@ struct ft_engine_meter {
   double metered_limit; /* metered bytes/s at most (0: no ceiling) */
   double ops_limit;     /* op units/s at most (0: no ceiling) */
   int throttle_reads;   /* reads and metadata wait at the ceilings too (else writes only) */
+  int fleet;            /* budget=: requests spend the fleet's share first, as handed out by
+                         * ft_engine_fleet_hand_out (nothing before the first hand-out) */
 };
 
 /* The bounds (seconds, ascending) of the histogram of writes' waits at the gate. */
@@ -126,6 +128,13 @@ struct ft_engine_stats {
   uint64_t relief_high;           /* known files at which the kernel is asked to drop names */
   uint64_t names_dropped;         /* names the kernel was asked to drop */
   uint64_t page_cache_drops;      /* synced ranges dropped from the mount's own page cache */
+  double fleet_spent_metered;     /* the fleet's share: metered bytes and op units spent */
+  double fleet_spent_units;
+  uint64_t fleet_waiting;         /* requests waiting for a lease now (the events descriptor
+                                   * turned readable when the first began) */
+  uint64_t fleet_pacing;          /* requests waiting out the share's pace now */
+  uint64_t fleet_waited;          /* requests that waited for the fleet's share, in all */
+  double fleet_wait_seconds;
 };
 
 /* Error answers of one request kind with one errno (ft_engine_read_errors). */
@@ -161,6 +170,12 @@ struct ft_engine *ft_engine_mount(const struct ft_engine_config *config, char *e
 /* Serve requests on this thread (and the engine's own) until unmounted or stopped:
  * 0, or minus an errno. */
 int ft_engine_serve(struct ft_engine *engine);
+/* The fleet budget's lease (budget=), from the control plane's renewer: requests may spend
+ * until the totals of ft_engine_stats.fleet_spent_* reach *allow_metered* and *allow_units*
+ * (INFINITY: no lease needed), paced at *pace_metered* bytes/s and *pace_units* units/s (0:
+ * unpaced). */
+void ft_engine_fleet_hand_out(struct ft_engine *engine, double allow_metered, double allow_units,
+                              double pace_metered, double pace_units);
 /* From any thread: unmount (lazily) and end serve() once the kernel lets go. */
 void ft_engine_stop(struct ft_engine *engine);
 void ft_engine_read_stats(struct ft_engine *engine, struct ft_engine_stats *out);

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "../src/ceilings.h"
+#include "../src/fleet_gate.h"
 #include "../src/inode.h"
 #include "../src/kernel_view.h"
 #include "../src/window.h"
@@ -407,7 +408,62 @@ void test_the_ceilings_price_by_the_profile_and_hold_a_write_over_the_budget() {
   CHECK(ceilings.stats().delayed == 2);
 }
 
+void test_the_fleet_gate_spends_what_is_handed_out_at_its_pace() {
+  std::atomic<int> starved{0};
+  ft::FleetGate gate(true, ft::now_seconds(), [&] { starved++; });
+  // Nothing before the first lease: the request waits, and the control plane is told at once.
+  std::atomic<bool> passed{false};
+  std::thread first([&] {
+    gate.spend({MiB, 5});
+    passed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(!passed && starved == 1 && gate.stats().waiting == 1);
+  gate.hand_out(2.0 * MiB, ft::FleetGate::kUnlimited, 0, 0);  // a lease of 2 MiB, unpaced
+  first.join();
+  CHECK(passed && gate.stats().waiting == 0);
+  gate.spend({MiB, 5});  // the rest of the lease
+  ft::FleetGateStats s = gate.stats();
+  CHECK(s.spent_metered == 2.0 * MiB && s.spent_units == 10 && s.waited == 1);
+  // Used up: the next request waits for the next hand-out, which counts from the totals, so
+  // what was spent meanwhile is never handed out twice.
+  passed = false;
+  std::thread second([&] {
+    gate.spend({MiB, 5});
+    passed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(!passed && starved == 2);
+  // A lease paced at 4 MiB/s: 1 MiB over the pace's burst waits about a quarter of a second.
+  gate.hand_out(8.0 * MiB, ft::FleetGate::kUnlimited, 4.0 * MiB, 0);
+  second.join();
+  auto start = std::chrono::steady_clock::now();
+  gate.spend({MiB, 5});
+  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(150));
+  // A share that grows wakes the requests already waiting at the old pace.
+  gate.hand_out(64.0 * MiB, ft::FleetGate::kUnlimited, 4.0 * MiB, 0);
+  std::thread slow([&] { gate.spend({40 * MiB, 5}); });  // ~10 s at 4 MiB/s
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(gate.stats().pacing == 1);
+  start = std::chrono::steady_clock::now();
+  gate.hand_out(64.0 * MiB, ft::FleetGate::kUnlimited, 1024.0 * MiB, 0);
+  slow.join();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  // The mount closes: whatever waits goes.
+  gate.hand_out(gate.stats().spent_metered, ft::FleetGate::kUnlimited, 0, 0);  // used up
+  std::thread last([&] { gate.spend({MiB, 5}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(gate.stats().waiting == 1);
+  gate.open_up();
+  last.join();
+  // Without a budget the gate takes nothing.
+  ft::FleetGate off(false, ft::now_seconds(), nullptr);
+  off.spend({MiB, 5});
+  CHECK(off.stats().spent_metered == 0);
+}
+
 int main() {
+  test_the_fleet_gate_spends_what_is_handed_out_at_its_pace();
   test_the_ceilings_price_by_the_profile_and_hold_a_write_over_the_budget();
   test_pure_rules();
   test_a_file_is_due_at_its_batch_on_release_and_by_age();

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from ...engine.native import EngineStats
+from ...metering.fleet import FleetStatistics
 from ...metering.meter import UNMETERED, ClassTotals, OpClass
 from ...service.options import Config
 from ...service.placement import Placement
@@ -39,6 +40,7 @@ class EngineView:
     controller: Controller
     window_bytes: int  # the bound on everything un-synced, the kernel's share included
     kernel_cache_bytes: int
+    fleet: FleetStatistics | None = None  # budget=: this mount's share, as the renewer sees it
 
 
 def capability_question(stats: EngineStats) -> str:
@@ -121,5 +123,6 @@ def engine_snapshot(
         page_cache_drops=s.page_cache_drops,
         target_writes_uncached=placement.direct_writes or "",
         engine="native",
+        fleet=view.fleet,
         **cgroup_facts(placement.cgroup),
     )
