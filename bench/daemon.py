@@ -115,8 +115,7 @@ class FuseThrottleMount:
         self.mountpoint = mountpoint
         self.metrics_url: str | None = None
         self.user_options = options.strip(",")  # what the arm asked for (stable across runs)
-        # The native engine exports no metrics yet (issue 35, step 5): its arms go unscraped.
-        if metrics and "engine=native" not in options:
+        if metrics:
             port = free_port()
             options = f"{options},metrics=127.0.0.1:{port}"
             self.metrics_url = f"http://127.0.0.1:{port}/metrics"
