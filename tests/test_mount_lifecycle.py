@@ -25,6 +25,7 @@ import pytest
 from conftest import MakeMount
 from mount_util import (
     FUSETHROTTLE,
+    UNMOUNT_TRIES,
     Daemon,
     command_for_other_users,
     fusermount_unmount,
@@ -114,7 +115,16 @@ def test_every_way_of_ending_a_mount_keeps_every_acknowledged_byte(
             writer.kill()  # an unmount needs the file closed, or the kernel says EBUSY
             writer.wait(30)
             command = ["umount"] if how == "umount" else ["fusermount3", "-u"]
-            result = subprocess.run([*command, str(ft.mountpoint)], capture_output=True, text=True)
+            # As the harness's own stop: the kernel may still call the mount busy for a moment
+            # after the writer's exit (its last file's release is asynchronous); an operator
+            # retries, and so does this test, up to UNMOUNT_TRIES times half a second apart.
+            for _ in range(UNMOUNT_TRIES):
+                result = subprocess.run(
+                    [*command, str(ft.mountpoint)], capture_output=True, text=True
+                )
+                if result.returncode == 0 or "busy" not in result.stderr.lower():
+                    break
+                time.sleep(0.5)
             assert result.returncode == 0, result.stderr
         assert ft.wait(60) == 0, ft.log()
         out, _ = writer.communicate(timeout=60)
@@ -468,7 +478,12 @@ def test_a_daemon_killed_mid_backup_fails_the_writer_keeps_what_was_fsynced_and_
             writer.kill()
             writer.wait()
     lines = [*seen, *out.split()]
-    assert out.splitlines()[-1] in (f"error {errno.ENOTCONN}", f"error {errno.ECONNABORTED}"), out
+    # ENOTCONN or ECONNABORTED from the dead connection; EIO when the kill came while the
+    # writer's fsync had the kernel's cached pages on their way (their write-back failed, and
+    # the kernel reports a failed write-back as EIO): either way an error, and no byte of it
+    # acknowledged.
+    failures = (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO)
+    assert out.splitlines()[-1] in [f"error {code}" for code in failures], out
     acked = max(int(line) for line in lines if line.isdigit())
     assert (first.source / "stream").read_bytes()[:acked] == expected_stream(acked)
 
