@@ -198,3 +198,21 @@ def test_watchdog_survives_the_manager_going_away(
     monkeypatch.setenv("WATCHDOG_USEC", "200000")
     assert run_watchdog_for(3.0) is True
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
+
+
+@pytest.mark.mount
+def test_a_real_daemon_says_ready_pings_the_watchdog_and_says_stopping(
+    manager: socket.socket, make_mount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What fusethrottle@.service (Type=notify, WatchdogSec=) relies on, from a real daemon of
+    the default data plane: READY=1 once it serves, WATCHDOG=1 while it does (a daemon without
+    pings is killed by systemd as hung), STOPPING=1 when told to stop."""
+    monkeypatch.setenv("WATCHDOG_USEC", "1000000")  # no WATCHDOG_PID: meant for the daemon
+    ft = make_mount()
+    manager.settimeout(30)  # a hang guard: pings come every half second
+    seen: list[bytes] = []
+    while b"READY=1" not in seen or seen.count(b"WATCHDOG=1") < 3:
+        seen.append(manager.recv(4096))
+    assert ft.stop() == 0
+    manager.settimeout(0)
+    assert any(m.startswith(b"STOPPING=1") for m in received(manager)), seen

@@ -159,6 +159,7 @@ class NativeDaemon:
         #: be neither joined nor freed, the process exits around them.
         self.abandoned = False
         self._stopping = False
+        self._said_stopping = False
         self.controller = make_controller(self.config)
         self.kernel_cache = KernelCache(
             enabled=self.config.writeback_cache and self.config.mode != "off",
@@ -196,10 +197,13 @@ class NativeDaemon:
             nursery.start_soon(run_diagnostics)
             nursery.start_soon(self._announce_ready)
             nursery.start_soon(self._watch_unmount)
+            if sdnotify.watchdog_interval():
+                nursery.start_soon(sdnotify.watchdog_task)  # pings from the event loop
             rc: int | None = None
             with self._serving:
                 rc = await run_sync_abandoning(self.engine.serve)
             self._served.set()
+            self._say_stopping()  # an unmount from outside ends the loop without a stop()
             nursery.cancel_scope.cancel()
         if rc is None:
             self.abandoned = True  # its threads are stuck on the target (see stop)
@@ -411,7 +415,7 @@ class NativeDaemon:
         serves (until a pass brings nothing new), unmount, and end the loop: at once if the
         kernel holds on (a file still open), by aborting the connection. Bounded by
         unmount_timeout."""
-        sdnotify.notify("STOPPING=1")
+        self._say_stopping()
         self._stopping = True
         deadline = trio.current_time() + self.config.unmount_timeout
         self._end_deadline = deadline
@@ -440,6 +444,12 @@ class NativeDaemon:
             if fd is not None:
                 os.close(fd)
         await self._end_the_loop(deadline)
+
+    def _say_stopping(self) -> None:
+        """Tell systemd, once, that the daemon stops (its final syncs follow, not a crash)."""
+        if not self._said_stopping:
+            self._said_stopping = True
+            sdnotify.notify("STOPPING=1")
 
     async def _end_the_loop(self, deadline: float) -> None:
         """Once the loop was told to end: give it a moment, then abort the connection, then
@@ -472,6 +482,7 @@ class NativeDaemon:
             if gone:
                 break
         log.info("%s was unmounted", mountpoint)
+        self._say_stopping()
         await self._end_the_loop(trio.current_time() + self.config.unmount_timeout)
 
     async def _write_back(self, fd: int) -> None:
