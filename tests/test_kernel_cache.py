@@ -132,3 +132,16 @@ def test_kernel_cache_zero_leaves_the_kernels_own_limit(bdi: Path) -> None:
     cache.update(1 << 30, force=True)
     assert bdi.read_text() == "49846108\n"
     assert cache.statistics().limit_bytes == 49846108 and not cache.statistics().enforced
+
+
+@pytest.mark.mount
+def test_a_real_mount_keeps_the_read_ahead_it_was_given(make_mount) -> None:  # type: ignore[no-untyped-def]
+    """read_ahead= must hold on the mount itself: the kernel lowers the read-ahead to its
+    default when FUSE_INIT is answered, so a daemon that set it before that answer leaves a
+    restore reading 128 KiB at a time (the engine did)."""
+    from mount_util import wait_for
+
+    ft = make_mount(options=["read_ahead=2M"])
+    device = f"{os.major(ft.mountpoint.stat().st_dev)}:{os.minor(ft.mountpoint.stat().st_dev)}"
+    read_ahead = Path("/sys/class/bdi") / device / "read_ahead_kb"
+    assert wait_for(lambda: read_ahead.read_text().strip() == "2048", 30), read_ahead.read_text()

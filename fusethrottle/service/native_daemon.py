@@ -376,6 +376,10 @@ class NativeDaemon:
                 return
             log.error("mount at %s does not answer: %s", mountpoint, problem)
             return
+        if self._device is not None:
+            # The kernel's dirty share was set before the first request; the read-ahead only
+            # holds once FUSE_INIT is answered (KernelCache.set_read_ahead), which it now is.
+            await trio.to_thread.run_sync(self.kernel_cache.set_read_ahead, self._device)
         stats = self.engine.stats()
         log.info(
             "mounted %s on %s with the native engine (writeback cache %s, mode %s, window "

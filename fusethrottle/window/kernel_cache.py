@@ -97,14 +97,8 @@ class KernelCache:
         """Called once the mount exists: find its bdi, set the read-ahead and the first share."""
         if device is None:
             return
-        if self.read_ahead > 0:
-            try:
-                with open(os.path.join(bdi_dir(device), "read_ahead_kb"), "w") as f:
-                    f.write(str(self.read_ahead // 1024))
-            except OSError as err:
-                if mount_gone(err):
-                    return  # unmounted already
-                log.info("kernel read-ahead left at its default: %s", err.strerror or err)
+        if not self.set_read_ahead(device):
+            return  # unmounted already
         if not self.enabled:
             return
         path = os.path.join(bdi_dir(device), "max_bytes")
@@ -118,6 +112,21 @@ class KernelCache:
             return
         self._path = path
         self.update(window, force=True)
+
+    def set_read_ahead(self, device: str) -> bool:
+        """Set the mount's read-ahead (``read_ahead``). Only once the kernel has its answer to
+        FUSE_INIT: that answer lowers the read-ahead to what the kernel offered in its INIT,
+        the default, undoing any setting made before it. False: the mount is gone."""
+        if self.read_ahead <= 0:
+            return True
+        try:
+            with open(os.path.join(bdi_dir(device), "read_ahead_kb"), "w") as f:
+                f.write(str(self.read_ahead // 1024))
+        except OSError as err:
+            if mount_gone(err):
+                return False
+            log.info("kernel read-ahead left at its default: %s", err.strerror or err)
+        return True
 
     def update(self, window: int, *, force: bool = False) -> None:
         """The window moved: move the kernel's share with it (rarely: see RESHARE_FACTOR)."""
