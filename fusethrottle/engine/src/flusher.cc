@@ -28,17 +28,24 @@ Fd reopen_as_writer(int path_fd, uint64_t writer, int* error) {
 // Write [lo, hi) back *piece* bytes at a time, two pieces in the target's queue: the next is
 // started before the previous is waited for, so the target never idles between them and no
 // page waits behind more than two (reclaim that meets a page under write-back waits for it).
-// Errors surface in the fdatasync after.
-void write_back_in_pieces(int fd, int64_t lo, int64_t hi, int64_t piece) {
+// 0, or the errno of the first call that failed. A failed write-back must be taken from here:
+// waiting with sync_file_range reports it once to this descriptor (the kernel advances the
+// descriptor's error cursor, as fdatasync does), so the fdatasync after would return 0.
+int write_back_in_pieces(int fd, int64_t lo, int64_t hi, int64_t piece) {
   constexpr unsigned kStart = SYNC_FILE_RANGE_WRITE;
   constexpr unsigned kFinish = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
+  int error = 0;
+  auto call = [&](int64_t off, int64_t len, unsigned flags) {
+    if (::sync_file_range(fd, off, len, flags) != 0 && error == 0) error = errno != 0 ? errno : EIO;
+  };
   int64_t previous = -1;
   for (int64_t off = lo; off < hi; off += piece) {
-    ::sync_file_range(fd, off, std::min(piece, hi - off), kStart);
-    if (previous >= 0) ::sync_file_range(fd, previous, piece, kFinish);
+    call(off, std::min(piece, hi - off), kStart);
+    if (previous >= 0) call(previous, piece, kFinish);
     previous = off;
   }
-  if (previous >= 0) ::sync_file_range(fd, previous, std::min(piece, hi - previous), kFinish);
+  if (previous >= 0) call(previous, std::min(piece, hi - previous), kFinish);
+  return error;
 }
 
 }  // namespace
@@ -56,7 +63,7 @@ int sync_job(SyncJob& job) {
   bool ranged = job.lo >= 0 && job.hi > job.lo;
   if (ranged && job.piece > 0) {
     const auto piece = static_cast<int64_t>(job.piece);
-    write_back_in_pieces(fd.get(), job.lo, job.hi, piece);
+    if (int error = write_back_in_pieces(fd.get(), job.lo, job.hi, piece); error != 0) return error;
     // And what was written past the range while that ran: else the fdatasync puts all of it
     // under write-back at once (and ext4's commit waits for it, with every journal handle of
     // the target behind it: a readdir's atime update hung on a stalled target). Again while
@@ -71,7 +78,7 @@ int sync_job(SyncJob& job) {
       if (::statx(fd.get(), "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_SIZE, &sx) != 0) break;
       const auto size = static_cast<int64_t>(sx.stx_size);
       if (size <= done) break;
-      write_back_in_pieces(fd.get(), done, size, piece);
+      if (int error = write_back_in_pieces(fd.get(), done, size, piece); error != 0) return error;
       if (size - done < piece) break;  // what came meanwhile is less than a piece
       done = size;
     }
