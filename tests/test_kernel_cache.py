@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from mount_util import wait_for
 
 from fusethrottle.window import kernel_cache
 from fusethrottle.window.kernel_cache import MIN_SHARE, RECOVERY_SHARE, KernelCache, kernel_share
@@ -139,8 +140,6 @@ def test_a_real_mount_keeps_the_read_ahead_it_was_given(make_mount) -> None:  # 
     """read_ahead= must hold on the mount itself: the kernel lowers the read-ahead to its
     default when FUSE_INIT is answered, so a daemon that set it before that answer leaves a
     restore reading 128 KiB at a time (the engine did)."""
-    from mount_util import wait_for
-
     ft = make_mount(options=["read_ahead=2M"])
     device = f"{os.major(ft.mountpoint.stat().st_dev)}:{os.minor(ft.mountpoint.stat().st_dev)}"
     read_ahead = Path("/sys/class/bdi") / device / "read_ahead_kb"

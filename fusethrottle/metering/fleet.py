@@ -197,9 +197,8 @@ class FleetShare:
         """The spender's writers wait for a lease: renew now, not at the next tick."""
         self._wake.set()
 
-    def _settle_spender(self, now: float) -> None:
-        """Debit what the spender's writers took since the last look, and hand them what is
-        left of the lease and the pace (as totals: what they take meanwhile counts against it)."""
+    def _collect_spender(self, now: float) -> None:
+        """Debit what the spender's writers took since the last look."""
         spender = self._spender
         if spender is None:
             return
@@ -215,9 +214,16 @@ class FleetShare:
         self._spender_waiting = spending.waiting
         self.waited_total = spending.waited
         self.wait_seconds_total = spending.wait_seconds
+
+    def _hand_out_to_spender(self, now: float) -> None:
+        """Hand the spender's writers what is left of the lease and the pace, as totals from
+        what was last collected: what they took since counts against it, so no second read."""
+        if self._spender is None:
+            return
+        seen_metered, seen_units = self._spender_seen
         left_metered, left_units = self.pool.allowance(now)
-        spender.fleet_hand_out(
-            (spending.metered + left_metered, spending.units + left_units), self.pool.pace()
+        self._spender.fleet_hand_out(
+            (seen_metered + left_metered, seen_units + left_units), self.pool.pace()
         )
 
     async def _wait_for_lease(self) -> None:
@@ -241,9 +247,9 @@ class FleetShare:
                 if hasattr(self._store, "watch"):
                     nursery.start_soon(self._watch)
                 while True:
-                    self._settle_spender(trio.current_time())
+                    self._collect_spender(trio.current_time())
                     await self._step(trio.current_time())
-                    self._settle_spender(trio.current_time())
+                    self._hand_out_to_spender(trio.current_time())
                     with trio.move_on_after(TICK):
                         await self._wake.wait()
                     self._wake = trio.Event()

@@ -61,6 +61,8 @@ void FleetGate::spend(Charge charge) {
 
 void FleetGate::hand_out(double allow_metered, double allow_units, double pace_metered, double pace_units) {
   std::lock_guard<std::mutex> guard(lock_);
+  // Every tick hands out: wake the waiters only when it lets more through or moves the pace.
+  bool more = allow_metered > allow_metered_ || allow_units > allow_units_;
   allow_metered_ = allow_metered;
   allow_units_ = allow_units;
   if (pace_metered != pace_metered_.rate() || pace_units != pace_units_.rate()) {
@@ -68,8 +70,9 @@ void FleetGate::hand_out(double allow_metered, double allow_units, double pace_m
     pace_metered_.set_rate(now, pace_metered, pace_metered * kPaceBurstSeconds);
     pace_units_.set_rate(now, pace_units, pace_units * kPaceBurstSeconds);
     pace_generation_++;
+    more = true;
   }
-  wake_.notify_all();
+  if (more) wake_.notify_all();
 }
 
 void FleetGate::open_up() {
