@@ -8,7 +8,11 @@ Two kinds, as a backup target runs out of space:
   on a second, small ext4: thin provisioning). Writes are accepted into its page cache and fail
   only when they are written back, so an fsync is the first to learn of it, as from an NFS
   server whose disk filled after it took the data. The journal and inode tables are written out
-  when it is made, so only file data can fail and the file system itself stays usable.
+  when it is made, and its blocks are 4 KiB in one group, with the data's extents allocated as
+  written (``dioread_lock``: no unwritten extents to split when their write-back fails), so a
+  file's extents fit in its inode: only file data can fail, never a metadata block of the
+  target's own (whose failed write-back aborts its journal and turns the whole target
+  read-only, EROFS, a different fault: CI saw it, with 1 KiB blocks in 8 MiB groups).
 
 Needs root; every mount, loop device and image is removed again.
 """
@@ -38,15 +42,17 @@ def _run(*cmd: str) -> str:
 
 
 @contextlib.contextmanager
-def _ext4_on_loop(image: Path, size: str, mountpoint: Path, *mkfs: str) -> Iterator[Path]:
-    """An ext4 of *size* in *image* on a loop device, mounted at *mountpoint*."""
+def _ext4_on_loop(
+    image: Path, size: str, mountpoint: Path, mkfs: tuple[str, ...] = (), options: str = ""
+) -> Iterator[Path]:
+    """An ext4 of *size* in *image* on a loop device, mounted at *mountpoint* with *options*."""
     _run("truncate", "-s", size, str(image))
     device = _run("losetup", "--show", "-f", "--direct-io=on", str(image))
     mounted = False
     try:
         _run("mkfs.ext4", "-q", "-F", *mkfs, device)
         mountpoint.mkdir(exist_ok=True)
-        _run("mount", device, str(mountpoint))
+        _run("mount", *(("-o", options) if options else ()), device, str(mountpoint))
         mounted = True
         yield mountpoint
     finally:
@@ -72,9 +78,16 @@ def small_target(size: str = "32M") -> Iterator[Path]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+_WRITTEN_OUT = "lazy_itable_init=0,lazy_journal_init=0"
+
+
 @contextlib.contextmanager
 def thin_target(storage: str = "32M", claimed: str = "128M") -> Iterator[Path]:
-    """The root of an ext4 that claims *claimed* but is backed by *storage* (less free)."""
+    """A directory ``backups`` on an ext4 that claims *claimed* but is backed by *storage*.
+
+    The directory's own block is written out before it is handed over, while the storage has
+    room: a directory block left to the journal's checkpoint lands after the data filled the
+    storage, and its failure aborts the journal (EROFS), a fault other than the one meant."""
     work = Path(tempfile.mkdtemp(prefix="fusethrottle-thin-", dir="/var/tmp"))
     try:
         with (
@@ -83,11 +96,16 @@ def thin_target(storage: str = "32M", claimed: str = "128M") -> Iterator[Path]:
                 storage_root / "thin.img",
                 claimed,
                 work / "mnt",
-                "-E",
-                "lazy_itable_init=0,lazy_journal_init=0",
+                # 4 KiB blocks (one group: few extents), a small journal and few inodes (room
+                # for data on the 32 MiB), all written out now
+                mkfs=("-b", "4096", "-J", "size=4", "-N", "2048", "-E", _WRITTEN_OUT),
+                options="dioread_lock",
             ) as root,
         ):
-            yield root
+            directory = root / "backups"
+            directory.mkdir()
+            os.sync()
+            yield directory
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -231,9 +231,7 @@ def test_a_background_fsyncs_enospc_reaches_the_writer_exactly_once(
     first to learn). The failure of the daemon's own background fsync goes to the writer's
     next call (*first*: write without the writeback cache, fsync or close with it), and the
     calls after it succeed: one failure, one report."""
-    with thin_target() as root:
-        source = root / "backups"
-        source.mkdir()
+    with thin_target() as source:
         mnt = workdir / "mnt"
         mnt.mkdir()
         cache = "no" if first == "write" else "yes"
@@ -275,9 +273,7 @@ def test_an_unmount_that_leaves_data_off_the_target_exits_1_naming_each_file(
     """SIGTERM while a backup is open and a background fsync has found the target full, before
     the writer heard of it: the daemon cannot make that data durable, so it exits 1 and logs
     the file's path on the target; a file that did arrive is not named."""
-    with thin_target() as root:
-        source = root / "backups"
-        source.mkdir()
+    with thin_target() as source:
         mnt = workdir / "mnt"
         mnt.mkdir()
         daemon = start_fusethrottle(source, mnt, ["batch=4M"])
