@@ -267,6 +267,34 @@ def test_a_background_fsyncs_enospc_reaches_the_writer_exactly_once(
     assert named(daemon, "not on the target:") == []
 
 
+def test_a_write_past_the_cache_whose_write_back_fails_is_refused(workdir: Path) -> None:
+    """target_io=direct (a backup in its application's memory cgroup) writes what is not whole
+    pages through the target's cache and waits for its write-back at once. On a target that
+    cannot store it, that wait is told of the failure and the fsync after on that descriptor
+    is not: a write fails with ENOSPC (the one that carried the bytes, or the next, told by the
+    daemon's own sync), before the backup is told it succeeded."""
+    with thin_target() as source:
+        mnt = workdir / "mnt"
+        mnt.mkdir()
+        daemon = start_fusethrottle(
+            source, mnt, ["target_io=direct", "writeback_cache=no", "batch=4M"]
+        )
+        daemon.expect_log_problems = True
+        errors: list[tuple[str, int]] = []
+        try:
+            fd = os.open(mnt / "big.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+            for i in range(96):  # 96 MiB onto 32 of storage, none of it in whole pages
+                try:
+                    os.write(fd, pattern(i) + b"!")
+                except OSError as err:
+                    errors.append(("write", err.errno))
+                    break
+            errors += calls(fd, "fsync", "close")
+        finally:
+            stopped(daemon)
+    assert errors[:1] == [("write", errno.ENOSPC)], errors
+
+
 def test_an_unmount_that_leaves_data_off_the_target_exits_1_naming_each_file(
     workdir: Path,
 ) -> None:
