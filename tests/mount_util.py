@@ -29,14 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from fusethrottle.service import mountinfo
+from fusethrottle.service.options import Config
 
 # FUSETHROTTLE_BIN picks the daemon to test (scripts/test sets it for Debian's system python).
 FUSETHROTTLE = os.environ.get("FUSETHROTTLE_BIN") or str(
     Path(sys.executable).with_name("fusethrottle")
 )
 MEMFS = str(Path(__file__).with_name("memfs.py"))
-#: engine=native for every mount the tests start (the native engine's run of the suite).
-ENGINE = os.environ.get("FUSETHROTTLE_TEST_ENGINE", "")
+#: The data plane of every mount the tests start: the default, unless the run names one.
+ENGINE = os.environ.get("FUSETHROTTLE_TEST_ENGINE") or Config.engine
 #: A trio task that lives as long as the mount, as the task tree names it: the Python data
 #: plane's flusher, or the native daemon's controller loop.
 LIFELONG_TASK = "NativeDaemon._control" if ENGINE == "native" else "Flusher.run"

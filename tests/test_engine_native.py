@@ -38,9 +38,9 @@ needs_engine = pytest.mark.skipif(
 )
 
 
-def test_engine_is_python_unless_asked() -> None:
-    assert parse_options([]).engine == "python"
-    assert parse_options(["engine=native"]).engine == "native"
+def test_engine_is_native_unless_asked() -> None:
+    assert parse_options([]).engine == "native"
+    assert parse_options(["engine=python"]).engine == "python"
 
 
 def test_an_unknown_engine_is_refused() -> None:

@@ -193,8 +193,9 @@ class Config:
     budget_password_file: str = ""  # else $FUSETHROTTLE_BUDGET_PASSWORD_FILE, else none
     budget_ca: str = ""  # CA file for rediss:// (default: the system's)
     budget_timeout: float = 0.5
-    # which data plane serves the requests (native: the C++ engine, issue 35's first step)
-    engine: str = "python"
+    # which data plane serves the requests: the C++ engine (issue 35), or the Python one it
+    # replaces (pyfuse3), kept until it is deleted
+    engine: str = "native"
     # observability
     metrics: str = ""
     log_level: str = "info"
