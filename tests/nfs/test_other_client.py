@@ -258,7 +258,12 @@ def test_file_removed_by_another_host_while_open_through_the_mount(
     report = f"NFS {version()}: through the mount {mount}\nNFS directly {direct}"
     print(report)  # for the lab's report (pytest -rA)
     assert not any("EIO" in o for o in mount) or any("EIO" in o for o in direct), report
-    assert mount[0] in ("ok: b'victim\\nvi'", direct[0]), "other bytes:\n" + report
+    # The first read after the removal: the file's bytes, or ESTALE, never another file's.
+    # NFS directly may still answer it from its page cache; the mount dropped its synced pages
+    # from the target's cache (drop_synced), and the kernel asks the daemon for the attributes
+    # once attr_timeout has passed, so on NFSv3 (no open state: the server forgets the file)
+    # it may hear ESTALE a read earlier than NFS directly (seen in 1 of the lab's v3 runs).
+    assert mount[0] in ("ok: b'victim\\nvi'", direct[0], "errno: ESTALE"), "other bytes:\n" + report
     assert mount[-2] == "ok: b'successor\\n'", report
     assert mount[-1] in ("errno: ENOENT", "errno: ESTALE") or mount[-1] == direct[-1], report
     assert not _problems(ft), ft.log()
