@@ -28,27 +28,29 @@ Fd reopen_as_writer(int path_fd, uint64_t writer, int* error) {
 // Write [lo, hi) back *piece* bytes at a time, two pieces in the target's queue: the next is
 // started before the previous is waited for, so the target never idles between them and no
 // page waits behind more than two (reclaim that meets a page under write-back waits for it).
-// 0, or the errno of the first call that failed. A failed write-back must be taken from here:
-// waiting with sync_file_range reports it once to this descriptor (the kernel advances the
-// descriptor's error cursor, as fdatasync does), so the fdatasync after would return 0.
+// 0, or the errno of the first call that failed (write_back_range: the one report of it).
 int write_back_in_pieces(int fd, int64_t lo, int64_t hi, int64_t piece) {
   constexpr unsigned kStart = SYNC_FILE_RANGE_WRITE;
-  constexpr unsigned kFinish = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
   int error = 0;
   auto call = [&](int64_t off, int64_t len, unsigned flags) {
-    if (::sync_file_range(fd, off, len, flags) != 0 && error == 0) error = errno != 0 ? errno : EIO;
+    if (int failed = write_back_range(fd, off, len, flags); failed != 0 && error == 0) error = failed;
   };
   int64_t previous = -1;
   for (int64_t off = lo; off < hi; off += piece) {
     call(off, std::min(piece, hi - off), kStart);
-    if (previous >= 0) call(previous, piece, kFinish);
+    if (previous >= 0) call(previous, piece, kWriteBackAndWait);
     previous = off;
   }
-  if (previous >= 0) call(previous, std::min(piece, hi - previous), kFinish);
+  if (previous >= 0) call(previous, std::min(piece, hi - previous), kWriteBackAndWait);
   return error;
 }
 
 }  // namespace
+
+int write_back_range(int fd, int64_t off, int64_t len, unsigned flags) {
+  if (::sync_file_range(fd, off, len, flags) == 0) return 0;
+  return errno != 0 ? errno : EIO;
+}
 
 int sync_job(SyncJob& job) {
   struct stat st {};

@@ -3,6 +3,8 @@
 // timed and queued as an event for the control plane's controller.
 #pragma once
 
+#include <fcntl.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -58,5 +60,15 @@ class Flusher {
 // fsync what *job* covers, as the file's writer: its written range in pieces first, dropped
 // from the target's page cache after. 0 or the errno.
 int sync_job(SyncJob& job);
+
+// sync_file_range(*fd*, *off*, *len*, *flags*): 0, or its errno (EIO where it gave none). A
+// wait (SYNC_FILE_RANGE_WAIT_AFTER) is told of a failed write-back once for this descriptor:
+// the kernel advances the descriptor's error cursor past it, as fdatasync does, so an
+// fdatasync after returns 0 and this result is the one report of it. Never ignore it.
+int write_back_range(int fd, int64_t off, int64_t len, unsigned flags);
+
+// Write a range back and wait for it (started anew if a write-back was already under way).
+constexpr unsigned kWriteBackAndWait =
+    SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
 
 }  // namespace ft

@@ -735,11 +735,8 @@ int write_uncached(OpenFile& file, const Inode& inode, fuse_bufvec* in, off_t of
   int fd = file.fd.get();
   int err = write_through(fd, in, off, n);
   if (*n > 0) {  // what landed, the part before a failure too
-    // Its wait is the one call told of a failed write-back (it moves the descriptor's error
-    // cursor past it, as fdatasync does: the sync after would return 0): the write's error.
-    constexpr unsigned kWriteBack =
-        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
-    if (::sync_file_range(fd, off, *n, kWriteBack) != 0 && err == 0) err = errno;
+    // Its wait is the one report of a failed write-back (write_back_range): the write's error.
+    if (int failed = write_back_range(fd, off, *n, kWriteBackAndWait); failed != 0 && err == 0) err = failed;
     // Whole pages: the kernel keeps a partly covered one (clean now all the same).
     off_t first = off - off % kDirectAlign;
     off_t end = (off + *n + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
