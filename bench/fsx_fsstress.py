@@ -263,12 +263,16 @@ def main(argv: list[str] | None = None) -> int:
                 seen = manifest(mnt.mountpoint)
             finally:
                 stopped = mnt.stop(300)
+                said = scratch / f"{arm}.err"  # the daemon's log (its stderr)
+                if said.exists():
+                    (args.out / f"{arm}.daemon.log").write_text(said.read_text())
             held = manifest(source)
             results[arm] = {
                 "runs": runs,
                 "entries": len(seen),
                 "tree_differences": differences(seen, held),
                 "exit_code": stopped["exit_code"],
+                "daemon_said_last": stopped["stderr_tail"],
             }
     finally:
         teardown.undo_all()

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from conftest import MakeMount
 from mount_util import (
+    ENGINE,
     FUSETHROTTLE,
     UNMOUNT_TRIES,
     Daemon,
@@ -139,6 +140,58 @@ def test_every_way_of_ending_a_mount_keeps_every_acknowledged_byte(
     assert len(data) >= acked and data[:acked] == expected_stream(acked)
     assert last_fsync_follows_last_write(record, "stream", len(data)), record.read_text()[-500:]
     assert "all data synced" in ft.log()
+
+
+MAPPED_WRITER = textwrap.dedent(
+    """
+    import mmap, os, sys, time
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+    os.ftruncate(fd, 1 << 20)
+    m = mmap.mmap(fd, 1 << 20)
+    m[:] = bytes(range(256)) * 4096  # dirty pages, never msynced
+    print("stored", flush=True)
+    time.sleep(120)  # still mapped (FUSE writes a mapping back as it is unmapped)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [
+        "yes",
+        pytest.param(
+            "no",
+            marks=pytest.mark.xfail(
+                ENGINE == "python",
+                reason="the Python data plane (being removed) loses them: found with fsstress",
+            ),
+        ),
+    ],
+)
+def test_pages_stored_through_a_mapping_reach_the_target_at_a_stop(
+    make_mount: MakeMount, cache: str
+) -> None:
+    """A process stored into a shared mapping of a file through the mount and keeps it
+    mapped; the daemon is told to stop. The kernel writes those pages back while the daemon
+    stops: it must take them (they are the kernel's write-back, not a caller's write to
+    refuse), so the target holds them after the daemon exits 0."""
+    ft = make_mount(options=[f"writeback_cache={cache}"])
+    path = ft.mountpoint / "mapped"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", MAPPED_WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout is not None
+        assert writer.stdout.readline().strip() == "stored"
+        assert ft.source is not None
+        # Still only in the mount's page cache: the stop is what writes them back.
+        assert (ft.source / "mapped").read_bytes() == bytes(1 << 20)
+        ft.signal(signal.SIGTERM)
+        assert ft.wait(60) == 0, ft.log()
+    finally:
+        writer.kill()
+        writer.wait()
+    assert (ft.source / "mapped").read_bytes() == bytes(range(256)) * 4096
 
 
 def test_background_mode_returns_once_the_mount_answers(workdir: Path) -> None:

@@ -782,10 +782,11 @@ int report_pending(Window& window, Inode& inode, int fd) {
 void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, fuse_file_info* fi) {
   Engine& engine = engine_of(req);
   // Without the writeback cache a write is the caller's own: refused once closing, and told
-  // of a failed injected sync of its file. With it, it is the kernel writing back pages
-  // already acknowledged: always taken (an error would drop them), the error goes to fsync
-  // and close.
-  if (!engine.writeback_cache()) {
+  // of a failed injected sync of its file. With it, and for a shared mapping's pages either
+  // way (fi->writepage), it is the kernel writing back pages already acknowledged: always
+  // taken (an error would drop them; the stop's own write-back sends them), the error goes
+  // to fsync and close.
+  if (!engine.writeback_cache() && !fi->writepage) {
     if (refused(req)) return;
     int pending = report_pending(engine.window(), inode_of(req, node), borrow<OpenFile>(fi).fd.get());
     if (pending != 0) return (void)answer(fuse_reply_err, req, pending);
