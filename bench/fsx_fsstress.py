@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -247,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             if options is None:
                 runs = run_arm(args.tools, source, args.fsx_ops, args.fsstress_ops)
                 results[arm] = {"runs": runs}
+                shutil.rmtree(source, ignore_errors=True)  # each arm: the same free space
                 continue
             assert exe is not None
             mnt = FuseThrottleMount(
@@ -274,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                 "exit_code": stopped["exit_code"],
                 "daemon_said_last": stopped["stderr_tail"],
             }
+            shutil.rmtree(source, ignore_errors=True)
     finally:
         teardown.undo_all()
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
