@@ -66,16 +66,10 @@ def fsx_runs(ops: int) -> list[tuple[str, list[str]]]:
     return runs
 
 
-def run_fsx(fsx: Path, where: Path, name: str, args: list[str]) -> dict[str, object]:
-    """One fsx run on a fresh file in *where*: ok, and what it printed at the end."""
+def run_tool(argv: list[str], cwd: Path) -> dict[str, object]:
+    """Run one fsx or fsstress command: ok (exit 0), how long, and the end of its output."""
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [str(fsx), *args, str(where / f"fsx-{name}")],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-    )
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     output = (proc.stdout + proc.stderr).strip().splitlines()
     return {
         "ok": proc.returncode == 0,
@@ -83,26 +77,19 @@ def run_fsx(fsx: Path, where: Path, name: str, args: list[str]) -> dict[str, obj
         "seconds": round(time.monotonic() - t0, 1),
         "tail": output[-12:],
     }
+
+
+def run_fsx(fsx: Path, where: Path, name: str, args: list[str]) -> dict[str, object]:
+    """One fsx run on a fresh file in *where*."""
+    return run_tool([str(fsx), *args, str(where / f"fsx-{name}")], where)
 
 
 def run_fsstress(fsstress: Path, where: Path, seed: int, ops: int) -> dict[str, object]:
     """fsstress with 4 processes in a fresh tree under *where*."""
     tree = where / f"fsstress-{seed}"
     tree.mkdir()
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [str(fsstress), "-d", str(tree), "-n", str(ops), "-p", "4", "-s", str(seed)],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-    )
-    output = (proc.stdout + proc.stderr).strip().splitlines()
-    return {
-        "ok": proc.returncode == 0,
-        "exit_code": proc.returncode,
-        "seconds": round(time.monotonic() - t0, 1),
-        "tail": output[-12:],
-    }
+    argv = [str(fsstress), "-d", str(tree), "-n", str(ops), "-p", "4", "-s", str(seed)]
+    return run_tool(argv, where)
 
 
 def manifest(root: Path) -> dict[str, tuple]:
