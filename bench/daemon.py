@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +49,22 @@ def find_executable(explicit: str | None) -> str | None:
     if os.access(beside, os.X_OK):
         return str(beside)
     return shutil.which("fusethrottle")
+
+
+def chosen_arms(
+    text: str, known: Mapping[str, str | None], explicit: str | None
+) -> tuple[list[str], str | None, str | None]:
+    """(arms, fusethrottle executable, error): the comma-separated arms of *text*, each a key
+    of *known* (None: the target directly, needing no executable), and the executable the
+    others need; *error* says what is wrong with them, in one line."""
+    arms = [a for a in text.split(",") if a]
+    unknown = [a for a in arms if a not in known]
+    if unknown:
+        return arms, None, f"unknown arm(s): {', '.join(unknown)}"
+    exe = find_executable(explicit)
+    if exe is None and any(known[a] for a in arms):
+        return arms, None, "no fusethrottle executable found"
+    return arms, exe, None
 
 
 def free_port() -> int:

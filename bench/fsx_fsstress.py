@@ -41,8 +41,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.daemon import FuseThrottleMount, find_executable
-from bench.system import ArmSkipped, Teardown
+from bench.daemon import FuseThrottleMount, chosen_arms
+from bench.system import ArmSkipped, Teardown, scratch_ext4
 
 log = logging.getLogger(__name__)
 
@@ -202,31 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"bench.fsx_fsstress: no {' or '.join(missing)} in {args.tools}", file=sys.stderr)
         return 2
-    arms = [a for a in args.arms.split(",") if a]
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown:
-        print(f"bench.fsx_fsstress: unknown arm(s): {', '.join(unknown)}", file=sys.stderr)
-        return 2
-    exe = find_executable(args.fusethrottle)
-    if exe is None and any(ARMS[a] for a in arms):
-        print("bench.fsx_fsstress: no fusethrottle executable found", file=sys.stderr)
+    arms, exe, wrong = chosen_arms(args.arms, ARMS, args.fusethrottle)
+    if wrong is not None:
+        print(f"bench.fsx_fsstress: {wrong}", file=sys.stderr)
         return 2
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     args.out.mkdir(parents=True, exist_ok=True)
     teardown = Teardown()
-    scratch = Path("/var/tmp") / f"fusethrottle-fsx-{os.getpid()}"
     results: dict[str, dict] = {}
     try:
-        scratch.mkdir(parents=True)
-        teardown.push("rmtree", str(scratch))
-        image, target = scratch / "ext4.img", scratch / "target"
-        subprocess.run(["truncate", "-s", IMAGE_SIZE, str(image)], check=True)
-        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
-        target.mkdir()
-        subprocess.run(["mount", "-o", "loop", str(image), str(target)], check=True)
-        teardown.push("umount", str(target))
+        scratch, target = scratch_ext4("fsx", IMAGE_SIZE, teardown)
         for arm in arms:
             source = target / arm
             source.mkdir()

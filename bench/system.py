@@ -643,6 +643,22 @@ class Teardown:
         tmp.replace(self.journal)
 
 
+def scratch_ext4(name: str, size: str, teardown: Teardown) -> tuple[Path, Path]:
+    """(scratch, target): a fresh /var/tmp/fusethrottle-NAME-PID directory and an ext4 of *size*
+    on a loop device mounted at scratch/target, as an NFS server's export would be; both undone
+    by *teardown* (the unmount first)."""
+    scratch = Path("/var/tmp") / f"fusethrottle-{name}-{os.getpid()}"
+    scratch.mkdir(parents=True)
+    teardown.push("rmtree", str(scratch))
+    image, target = scratch / "ext4.img", scratch / "target"
+    subprocess.run(["truncate", "-s", size, str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    target.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(target)], check=True)
+    teardown.push("umount", str(target))
+    return scratch, target
+
+
 def clean_stale_journals(journal_dir: Path = JOURNAL_DIR) -> list[str]:
     """Undo what dead harnesses left behind (journals whose pid no longer runs)."""
     done: list[str] = []
