@@ -155,19 +155,21 @@ MAPPED_WRITER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(
-    "cache",
-    [
-        "yes",
-        pytest.param(
-            "no",
-            marks=pytest.mark.xfail(
-                ENGINE == "python",
-                reason="the Python data plane (being removed) loses them: found with fsstress",
-            ),
-        ),
-    ],
+def first_difference(data: bytes, expected: bytes) -> int | None:
+    """Where *data* first differs from *expected* (None: equal). Asserting on two MiB-long
+    bytes would have pytest diff them, for many minutes."""
+    if data == expected:
+        return None
+    pairs = zip(data, expected, strict=False)
+    return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(data), len(expected)))
+
+
+@pytest.mark.xfail(
+    ENGINE == "python",
+    reason="the Python data plane (being removed) loses them at a stop (Debian's pyfuse3 "
+    "with the writeback cache too)",
 )
+@pytest.mark.parametrize("cache", ["yes", "no"])
 def test_pages_stored_through_a_mapping_reach_the_target_at_a_stop(
     make_mount: MakeMount, cache: str
 ) -> None:
@@ -185,13 +187,14 @@ def test_pages_stored_through_a_mapping_reach_the_target_at_a_stop(
         assert writer.stdout.readline().strip() == "stored"
         assert ft.source is not None
         # Still only in the mount's page cache: the stop is what writes them back.
-        assert (ft.source / "mapped").read_bytes() == bytes(1 << 20)
+        assert first_difference((ft.source / "mapped").read_bytes(), bytes(1 << 20)) is None
         ft.signal(signal.SIGTERM)
         assert ft.wait(60) == 0, ft.log()
     finally:
         writer.kill()
         writer.wait()
-    assert (ft.source / "mapped").read_bytes() == bytes(range(256)) * 4096
+    stored = bytes(range(256)) * 4096
+    assert first_difference((ft.source / "mapped").read_bytes(), stored) is None
 
 
 def test_background_mode_returns_once_the_mount_answers(workdir: Path) -> None:
