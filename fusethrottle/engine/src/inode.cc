@@ -6,10 +6,55 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
 namespace ft {
+
+const char* place_name(Place place) {
+  switch (place) {
+    case Place::kNew: return "new";
+    case Place::kKnown: return "known";
+    case Place::kOwing: return "owing";
+    case Place::kDetached: return "detached";
+    case Place::kRetired: return "retired";
+    case Place::kGone: return "gone";
+  }
+  return "?";
+}
+
+bool legal(Place from, Place to) {
+  switch (from) {
+    case Place::kNew: return to == Place::kKnown;
+    // Looked up: forgotten (owing, or gone), let go of before a removal, or its key taken.
+    case Place::kKnown:
+      return to == Place::kOwing || to == Place::kGone || to == Place::kDetached ||
+             to == Place::kRetired;
+    // Owing with no lookup: looked up again, settled, or let go of before a removal.
+    case Place::kOwing: return to == Place::kKnown || to == Place::kGone || to == Place::kDetached;
+    // The removal failed (found by its key again, or its key taken meanwhile), or forgotten.
+    case Place::kDetached:
+      return to == Place::kKnown || to == Place::kRetired || to == Place::kGone;
+    case Place::kRetired: return to == Place::kGone;
+    case Place::kGone: return false;
+  }
+  return false;
+}
+
+void InodeTable::move(Inode& inode, Place to) {
+  Place from = inode.place_;
+  if (!legal(from, to)) {
+    illegal_moves_.fetch_add(1, std::memory_order_relaxed);
+    std::fprintf(stderr, "fusethrottle engine: illegal move of node %p: %s -> %s\n",
+                 static_cast<void*>(&inode), place_name(from), place_name(to));
+#ifdef FT_CHECK_MOVES
+    std::abort();
+#endif
+  }
+  inode.place_ = to;
+}
 
 std::string handle_of(int fd) {
   struct {
@@ -41,8 +86,16 @@ fuse_ino_t InodeTable::remember(Fd path, const struct stat& st, std::string hand
   std::unique_lock<std::mutex> guard(lock_);
   auto& slot = known_[key];
   if (slot && !slot->same_object(st.st_mode, handle)) {
+    // Its key names another object now. One the kernel still holds is kept for its node id
+    // until forgotten; one only the window keeps (owing) leaves the table with it.
     Inode* old = slot.get();
-    detached_.emplace(old, std::move(slot));  // retired: its key names another object
+    if (old->lookups_ != 0) {
+      move(*old, Place::kRetired);
+      detached_.emplace(old, std::move(slot));
+    } else {
+      move(*old, Place::kGone);
+      slot.reset();
+    }
   }
   bool past = false;
   if (!slot) {
@@ -50,6 +103,7 @@ fuse_ino_t InodeTable::remember(Fd path, const struct stat& st, std::string hand
     slot->born_ = ++born_;
     past = known_.size() > high_;
   }
+  if (slot->place_ != Place::kKnown) move(*slot, Place::kKnown);  // new, or owing and found again
   slot->lookups_++;
   auto node = reinterpret_cast<fuse_ino_t>(slot.get());
   guard.unlock();
@@ -108,14 +162,19 @@ std::shared_ptr<Inode> InodeTable::forget(
     // No name finds it again: the window alone keeps it while it owes.
     std::shared_ptr<Inode> gone = std::move(was->second);
     detached_.erase(was);
+    move(*gone, Place::kGone);
     owed(gone);
     return gone;
   }
   auto it = known_.find(inode->key());
   if (it == known_.end() || it->second.get() != inode) return nullptr;
-  if (owed(it->second)) return nullptr;  // known, with no lookup, until settled()
+  if (owed(it->second)) {  // known, with no lookup, until settled()
+    move(*inode, Place::kOwing);
+    return nullptr;
+  }
   std::shared_ptr<Inode> gone = std::move(it->second);
   known_.erase(it);
+  move(*gone, Place::kGone);
   return gone;
 }
 
@@ -126,6 +185,7 @@ std::shared_ptr<Inode> InodeTable::settled(const std::shared_ptr<Inode>& inode) 
   if (it == known_.end() || it->second != inode) return nullptr;
   std::shared_ptr<Inode> gone = std::move(it->second);
   known_.erase(it);
+  move(*gone, Place::kGone);
   return gone;
 }
 
@@ -177,7 +237,12 @@ bool InodeTable::detach(Inode& inode, const struct stat& last) {
   auto it = known_.find(inode.key());
   if (it != known_.end() && it->second.get() == &inode) {
     // Kept for the kernel's node id until it forgets it; one it forgot already goes now.
-    if (inode.lookups_ != 0) detached_.emplace(&inode, std::move(it->second));
+    if (inode.lookups_ != 0) {
+      move(inode, Place::kDetached);
+      detached_.emplace(&inode, std::move(it->second));
+    } else {
+      move(inode, Place::kGone);
+    }
     known_.erase(it);
   }
   return true;
@@ -190,9 +255,13 @@ void InodeTable::reattach(Inode& inode, Fd fresh) {
   auto was = detached_.find(&inode);
   if (was == detached_.end()) return;
   auto& slot = known_[inode.key()];
-  if (slot) return;  // looked up anew meanwhile: this one stays out of the lookup by key
+  if (slot) {  // looked up anew meanwhile: this one stays out of the lookup by key
+    move(inode, Place::kRetired);
+    return;
+  }
   slot = std::move(was->second);
   detached_.erase(was);
+  move(inode, Place::kKnown);
 }
 
 std::vector<fuse_ino_t> InodeTable::nodes() {

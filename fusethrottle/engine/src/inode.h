@@ -33,6 +33,23 @@ struct InodeKey {
 // nothing of an O_PATH descriptor): the handle tells the two apart without asking the target.
 std::string handle_of(int fd);
 
+// Where a file stands in the table: the one state of its life the table keeps (guarded by the
+// table's lock), moved only by InodeTable (inode.cc), each move checked against `legal`.
+// What else a file's life holds overlaps with any of these and is owned where it is decided:
+// open (an OpenFile), owing a sync (its FileLedger, the window's), stale (a flag the target's
+// answers set), calls under way (Using).
+enum class Place : uint8_t {
+  kNew,       // made, not yet in the table
+  kKnown,     // in the lookup by key, the kernel holds lookups of it
+  kOwing,     // in the lookup by key with no lookup left: the window keeps it while it owes
+  kDetached,  // let go of before its last name was removed; the kernel still holds it
+  kRetired,   // its key names another object now; the kernel still holds it
+  kGone,      // out of the table: its holders (the window, requests) let go in their time
+};
+const char* place_name(Place place);
+// Whether a file may move from *from* to *to* (pure; the unit tests walk every pair).
+bool legal(Place from, Place to);
+
 struct InodeKeyHash {
   size_t operator()(const InodeKey& k) const {
     return std::hash<uint64_t>()(static_cast<uint64_t>(k.ino) * 1000003u ^ k.dev);
@@ -100,6 +117,9 @@ class Inode : public std::enable_shared_from_this<Inode> {
   }
   uint64_t writer() const { return writer_.load(std::memory_order_relaxed); }
 
+  // Where it stands in the table (see Place): read under the table's lock, or by tests.
+  Place place() const { return place_; }
+
   FileLedger ledger;  // its un-synced data: guarded by the window's lock
   KernelView view;    // what the kernel was shown of it (regular files, writeback cache)
 
@@ -110,6 +130,7 @@ class Inode : public std::enable_shared_from_this<Inode> {
   mode_t type_;
   std::string handle_;
   uint64_t lookups_ = 0;  // guarded by the table's lock
+  Place place_ = Place::kNew;  // guarded by the table's lock
   // The name the kernel last learned it by (for relief.h), its age and when the kernel was
   // last asked to drop it: guarded by the table's lock.
   fuse_ino_t parent_ = 0;
@@ -203,8 +224,14 @@ class InodeTable {
   std::vector<Name> oldest_names(size_t count, std::chrono::steady_clock::duration again);
 
   size_t size();
+  // Moves a file's life was asked to make that `legal` refuses (each one also logged; a
+  // checked build, FT_CHECK_MOVES, aborts instead): none, ever.
+  uint64_t illegal_moves() const { return illegal_moves_.load(std::memory_order_relaxed); }
 
  private:
+  // The one place a file's Place changes (under the table's lock).
+  void move(Inode& inode, Place to);
+  std::atomic<uint64_t> illegal_moves_{0};
   std::mutex lock_;
   std::unordered_map<InodeKey, std::shared_ptr<Inode>, InodeKeyHash> known_;
   // Out of the lookup by key (let go of before a removal, or retired) but still held by the

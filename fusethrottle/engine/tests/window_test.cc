@@ -312,6 +312,60 @@ void test_a_file_forgotten_while_it_owes_a_sync_is_found_again_as_itself() {
   jobs.clear();
   CHECK(table.size() == 0);  // synced with no lookup: out of the table
   CHECK(gone.expired());     // and its descriptor closed
+  CHECK(table.illegal_moves() == 0);
+}
+
+void test_a_files_place_in_the_table_moves_only_as_its_life_allows() {
+  using ft::Place;
+  const Place all[] = {Place::kNew,      Place::kKnown,   Place::kOwing,
+                       Place::kDetached, Place::kRetired, Place::kGone};
+  int allowed = 0;
+  for (Place from : all) {
+    CHECK(!ft::legal(from, Place::kNew));  // nothing becomes new again
+    CHECK(!ft::legal(Place::kGone, from));  // nothing comes back from gone
+    for (Place to : all) allowed += ft::legal(from, to) ? 1 : 0;
+  }
+  CHECK(allowed == 12);
+  CHECK(!ft::legal(Place::kNew, Place::kGone));        // known before anything else
+  CHECK(!ft::legal(Place::kRetired, Place::kKnown));   // its key names another object
+  CHECK(!ft::legal(Place::kOwing, Place::kRetired));   // only the kernel's holds are kept
+
+  ft::Window w(params());
+  ft::InodeTable table;
+  auto owed = [&w](const std::shared_ptr<ft::Inode>& inode) { return w.forgotten(inode); };
+  struct stat st {};
+  st.st_dev = 1;
+  st.st_ino = 9;
+  st.st_mode = S_IFREG | 0644;
+  auto path = [] { return ft::Fd(::open("/dev/null", O_PATH | O_CLOEXEC)); };
+  // Looked up, let go of before a removal that failed, found by its key again.
+  fuse_ino_t node = table.remember(path(), st, "handle-9");
+  auto inode = table.share(node);
+  CHECK(inode->place() == Place::kKnown);
+  CHECK(table.detach(*inode, st));
+  CHECK(inode->place() == Place::kDetached);
+  CHECK(table.find(ft::InodeKey{1, 9}) == nullptr);  // a new lookup makes a new one
+  table.reattach(*inode, path());
+  CHECK(inode->place() == Place::kKnown);
+  CHECK(table.find(ft::InodeKey{1, 9}) == inode);
+  // Let go of again; this time its key is looked up anew before the removal fails.
+  CHECK(table.detach(*inode, st));
+  fuse_ino_t fresh = table.remember(path(), st, "handle-9");
+  CHECK(fresh != node);
+  table.reattach(*inode, path());
+  CHECK(inode->place() == Place::kRetired);
+  CHECK(table.forget(node, 1, owed) == inode);
+  CHECK(inode->place() == Place::kGone);
+  // The same inode number given to another object: the one the kernel holds is retired.
+  st.st_mode = S_IFDIR | 0755;
+  fuse_ino_t other = table.remember(path(), st, "handle-9b");
+  CHECK(other != fresh);
+  CHECK(table.share(fresh)->place() == Place::kRetired);
+  CHECK(table.share(other)->place() == Place::kKnown);
+  CHECK(table.forget(fresh, 1, owed) != nullptr);
+  CHECK(table.forget(other, 1, owed) != nullptr);
+  CHECK(table.size() == 0);
+  CHECK(table.illegal_moves() == 0);
 }
 
 struct stat sized(off_t size, int64_t mtime_s) {
@@ -476,6 +530,7 @@ int main() {
   test_a_file_about_to_be_removed_is_let_go_of_unless_open_or_syncing();
   test_a_removal_waits_for_a_running_sync_and_drops_one_not_started();
   test_a_file_forgotten_while_it_owes_a_sync_is_found_again_as_itself();
+  test_a_files_place_in_the_table_moves_only_as_its_life_allows();
   test_another_writers_change_renews_the_kernels_inode_only_when_nobody_has_it_open();
   test_the_mounts_own_writes_are_not_taken_for_another_writers();
   if (failures != 0) {
