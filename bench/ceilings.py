@@ -1,8 +1,8 @@
-"""Does a ceiling hold the rate it is given? Both data planes, side by side, on tmpfs.
+"""Does a ceiling hold the rate it is given? With the writeback cache and without, on tmpfs.
 
 A mount with ``metered_limit=RATE`` (``meter=none``: metered bytes are the bytes written) takes
 a backup of SIZE in 1 MiB writes, fsynced; the rate it got is SIZE less the ceiling's burst
-(a quarter of a second of it) over the seconds it took. Each plane's rate over the limit should be
+(a quarter of a second of it) over the seconds it took. Each arm's rate over the limit should be
 close to 1.0: above it the ceiling leaks, well below it the ceiling costs throughput. The arms
 alternate within each repeat, as the main harness does.
 
@@ -25,8 +25,10 @@ from pathlib import Path
 
 from fusethrottle.service.options import parse_size
 
-PLANES = ("python", "native")
-BURST_SECONDS = 0.25  # ceilings.BURST_SECONDS
+#: Arms: name -> the -o options they add (the writeback cache changes who waits for the ceiling:
+#: the kernel's write-back or the writer's own write()).
+ARMS = {"cache": "writeback_cache=yes", "nocache": "writeback_cache=no"}
+BURST_SECONDS = 0.25  # the engine's bucket (engine/src/ceilings.h)
 
 
 def expected_seconds(size: int, rate: float) -> float:
@@ -34,14 +36,14 @@ def expected_seconds(size: int, rate: float) -> float:
     return max(size - rate * BURST_SECONDS, 0.0) / rate
 
 
-def one_backup(plane: str, rate: int, size: int, base: Path) -> float:
-    """Seconds a fsynced backup of *size* took through a fresh mount of *plane*."""
+def one_backup(arm: str, rate: int, size: int, base: Path) -> float:
+    """Seconds a fsynced backup of *size* took through a fresh mount of *arm*."""
     work = Path(tempfile.mkdtemp(dir=base))
     source, mnt = work / "src", work / "mnt"
     source.mkdir()
     mnt.mkdir()
     fusethrottle = str(Path(sys.executable).with_name("fusethrottle"))
-    options = f"engine={plane},meter=none,metered_limit={rate}"
+    options = f"{ARMS[arm]},meter=none,metered_limit={rate}"
     daemon = subprocess.Popen(
         [fusethrottle, str(source), str(mnt), "-f", "-o", options],
         stdout=subprocess.DEVNULL,
@@ -53,7 +55,7 @@ def one_backup(plane: str, rate: int, size: int, base: Path) -> float:
                 break
             time.sleep(0.1)
         else:
-            raise RuntimeError(f"{plane}: the mount did not come up")
+            raise RuntimeError(f"{arm}: the mount did not come up")
         start = time.monotonic()
         subprocess.run(
             [
@@ -86,25 +88,25 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, object]] = []
     for repeat in range(args.repeats):
-        order = PLANES if repeat % 2 == 0 else PLANES[::-1]
-        for plane in order:
-            seconds = one_backup(plane, rate, size, args.base)
+        order = list(ARMS) if repeat % 2 == 0 else list(ARMS)[::-1]
+        for arm in order:
+            seconds = one_backup(arm, rate, size, args.base)
             got = max(size - rate * BURST_SECONDS, 0) / seconds
-            runs.append({"plane": plane, "repeat": repeat, "seconds": seconds, "rate": got})
-            print(f"{plane:>7} repeat {repeat}: {seconds:.2f} s, {got / rate:.3f} of the limit")
+            runs.append({"arm": arm, "repeat": repeat, "seconds": seconds, "rate": got})
+            print(f"{arm:>7} repeat {repeat}: {seconds:.2f} s, {got / rate:.3f} of the limit")
     expected = expected_seconds(size, rate)
     lines = [
         f"# metered_limit={args.rate}, meter=none, {args.size} of 1 MiB writes, fsynced, tmpfs",
         "",
         f"Expected at the limit: {expected:.2f} s. Rate over the limit, each repeat:",
         "",
-        "| plane | rate / limit (each repeat) | min | max |",
+        "| arm | rate / limit (each repeat) | min | max |",
         "|---|---|---|---|",
     ]
-    for plane in PLANES:
-        ratios = [float(r["rate"]) / rate for r in runs if r["plane"] == plane]  # type: ignore[arg-type]
+    for arm in ARMS:
+        ratios = [float(r["rate"]) / rate for r in runs if r["arm"] == arm]  # type: ignore[arg-type]
         shown = ", ".join(f"{x:.3f}" for x in ratios)
-        lines.append(f"| {plane} | {shown} | {min(ratios):.3f} | {max(ratios):.3f} |")
+        lines.append(f"| {ARMS[arm]} | {shown} | {min(ratios):.3f} | {max(ratios):.3f} |")
     (args.out / "ceilings.md").write_text("\n".join(lines) + "\n")
     (args.out / "ceilings.json").write_text(
         json.dumps(

@@ -299,7 +299,7 @@ def markdown(summary: dict, plan: dict, command: str) -> str:
         f"`{command}` on {plan['host']} ({plan['date']}), commit {plan['commit']}.",
         f"Timeline: all three write from 0 s; Redis killed at {plan['outage']} s and started "
         f"again at {plan['outage'] + plan['down']} s; writer C stops at {plan['stop']} s; end "
-        f"at {plan['end']} s. Data plane: engine={plan.get('engine', 'python')}. "
+        f"at {plan['end']} s. Data plane: {plan.get('engine', 'native')}. "
         f"Targets: directories on one tmpfs. Load average at the start: "
         f"{plan['load_average_at_start']:.1f} on {os.cpu_count()} CPUs (a shared machine).",
         "",
@@ -341,9 +341,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop", type=float, default=55.0, help="writer C stops at (s)")
     p.add_argument("--end", type=float, default=65.0, help="all stop at (s)")
     p.add_argument("--out", type=Path, default=None, help="results directory")
-    p.add_argument(
-        "--engine", choices=("python", "native"), default="python", help="the data plane (engine=)"
-    )
     p.add_argument("--writer", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.writer is not None:
@@ -375,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             m.proc = subprocess.Popen(
                 [
                     FUSETHROTTLE, str(m.source), str(m.mountpoint), "-f",
-                    "-o", f"budget={url},metrics=127.0.0.1:{m.port},engine={args.engine}",
+                    "-o", f"budget={url},metrics=127.0.0.1:{m.port}",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -394,7 +391,6 @@ def main(argv: list[str] | None = None) -> int:
             "down": args.down,
             "stop": args.stop,
             "end": args.end,
-            "engine": args.engine,
             "host": socket.gethostname(),
             "load_average_at_start": os.getloadavg()[0],
             "date": date,

@@ -49,8 +49,8 @@ log = logging.getLogger(__name__)
 #: Arms: "direct" (the target itself) or fusethrottle's -o options.
 ARMS = {
     "direct": None,
-    "native": "engine=native",
-    "native-nocache": "engine=native,writeback_cache=no",
+    "native": "writeback_cache=yes",
+    "native-nocache": "writeback_cache=no",
 }
 IMAGE_SIZE = "4G"
 RUN_TIMEOUT = 1800.0

@@ -18,16 +18,16 @@ The model, and how it mirrors the real daemon:
   controllers alone must make it fair. ``"fair"`` splits capacity evenly between the requests
   in service (processor sharing).
 - Each :class:`MountSpec` is one daemon. A writer that always has data (a backup) writes one file
-  at ``writer_rate`` while the un-synced bytes are below the window. A flusher, like
-  ``fusethrottle.window.flusher``, runs one fsync per file at a time, covering all of the file's
+  at ``writer_rate`` while the un-synced bytes are below the window. A flusher, like the
+  engine's (engine/src/flusher.cc), runs one fsync per file at a time, covering all of the file's
   dirty bytes, started when they reach ``batch``, half the window (``half_window``, on by default as
-  in ``ledger.sync_trigger``) or a full window. A controller gets
+  in the engine's ``sync_trigger``, engine/src/window.h) or a full window. A controller gets
   ``on_sample(now, nbytes, seconds, in_flight)`` after every fsync, where ``in_flight`` is the
-  un-synced bytes left once the synced ones are gone (as ``ledger.unsynced`` is).
-- Not modelled, so not claimed from it: the gate's pacing (admission.py), the slow start of a
-  fresh mount (budget.effective_window), writeback in pieces and page-cache drops (pieces.py,
-  backend.SyncPlan), the kernel's own cache. Those are measured on a real target by
-  ``python -m bench``.
+  un-synced bytes left once the synced ones are gone (as the engine's ledger counts them).
+- Not modelled, so not claimed from it: the gate's pacing (engine/src/window.cc), the slow start
+  of a fresh mount (controller.effective_window), writeback in pieces and page-cache drops
+  (engine/src/flusher.cc, kernel_pages.cc), the kernel's own cache. Those are measured on a
+  real target by ``python -m bench``.
 
 The driver advances from event to event: a writer filling its batch or window, a request finishing
 at the target, an fsync answer arriving, a phase change. Everything moves linearly in between,

@@ -1,4 +1,4 @@
-"""pjdfstest, side by side: the target directly and through each data plane.
+"""pjdfstest, side by side: the target directly and through the engine.
 
 pjdfstest (github.com/pjd/pjdfstest) checks what the file system calls promise: modes,
 ownership and its changes by other users, links, renames, times, name and path limits, errors.
@@ -34,8 +34,7 @@ log = logging.getLogger(__name__)
 #: act as another user too (pjdfstest -u 65534), whom a FUSE mount refuses without it.
 ARMS = {
     "direct": None,
-    "python": "engine=python,allow_other",
-    "native": "engine=native,allow_other",
+    "native": "allow_other",
 }
 ARM_TIMEOUT = 3600.0
 IMAGE_SIZE = "2G"

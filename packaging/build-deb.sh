@@ -2,9 +2,9 @@
 # Build packaging/out/fusethrottle_<version>_<arch>.deb for Debian 12 from this work tree.
 #
 # No virtualenv is vendored: the Python package goes to /usr/lib/python3/dist-packages and
-# runs on Debian's python3-pyfuse3, python3-trio and python3-prometheus-client. The native
-# engine (fusethrottle/engine, C++ on libfuse3) is compiled here and shipped beside it, which
-# makes the package one of this machine's architecture. The tree is
+# runs on Debian's python3-trio and python3-prometheus-client (the control plane). The engine
+# (fusethrottle/engine, C++ on libfuse3: the request loop) is compiled here and shipped beside
+# it, which makes the package one of this machine's architecture. The tree is
 # staged by hand and packed with dpkg-deb, so the build needs only dpkg-deb, gzip and python3
 # (no debhelper, no network). Version and dependencies come from pyproject.toml.
 #

@@ -147,8 +147,8 @@ fi
 debs=("$out"/fusethrottle_*_"$(dpkg --print-architecture)".deb)
 deb=${debs[0]}
 version=$("$python" "$here/debmeta.py" "$top/pyproject.toml" version)
-expected_depends="python3 (>= 3.11), python3-pyfuse3 (>= 3.2), python3-trio (>= 0.22), python3-prometheus-client (>= 0.16), fuse3, libfuse3-3 (>= 3.14), libstdc++6 (>= 12)"
-check "Depends: is Debian's python3, pyfuse3, trio, prometheus-client and fuse3" \
+expected_depends="python3 (>= 3.11), python3-trio (>= 0.22), python3-prometheus-client (>= 0.16), fuse3, libfuse3-3 (>= 3.14), libstdc++6 (>= 12)"
+check "Depends: is Debian's python3, trio, prometheus-client, fuse3 and libfuse3" \
     same Depends "$(dpkg-deb -f "$deb" Depends)" "$expected_depends" || true
 check "Recommends: python3-redis (budget=), not Depends" \
     same Recommends "$(dpkg-deb -f "$deb" Recommends)" "python3-redis (>= 4.3)" || true
@@ -326,22 +326,21 @@ if [ "$mounted" = 1 ]; then
     done
 fi
 
-# --- the native engine, as packaged --------------------------------------------------------------
-mounted=0
-check "mount -t fuse.fusethrottle SRC MNT -o engine=native" \
-    timeout "$mount_timeout" mount -t fuse.fusethrottle "$src" "$mnt" -o engine=native && mounted=1
+# --- a mount set up for the removed Python data plane -------------------------------------------
+# fstab lines written while two data planes existed may say engine=python: one clear line, a
+# non-zero exit, nothing mounted and no daemon left behind.
+refuses_engine_python() {
+    local out rc=0
+    out=$(timeout "$mount_timeout" mount -t fuse.fusethrottle "$src" "$mnt" -o engine=python 2>&1) || rc=$?
+    echo "$out"
+    [ "$rc" -ne 0 ] && [ "$(printf '%s\n' "$out" | grep -c .)" -eq 1 ] &&
+        printf '%s' "$out" | grep -q "Python data plane was removed" &&
+        ! printf '%s' "$out" | grep -q Traceback && ! mountpoint -q "$mnt"
+}
+check "mount -o engine=python is refused with one line, nothing mounted" refuses_engine_python || true
 mapfile -t pids < <(pids_serving "$mnt")
 daemon_pids+=("${pids[@]}")
-if [ "$mounted" = 1 ]; then
-    export -f namespace_ops
-    check "the native engine: write, read back, rename and unlink" timeout 60 bash -c \
-        'cp "$0/payload" "$mnt/native" && cmp "$0/payload" "$src/native" && rm "$mnt/native" && namespace_ops' \
-        "$work" || true
-    check "the native engine: umount" timeout 60 umount "$mnt" || true
-    for pid in "${pids[@]}"; do
-        check "the native engine's daemon (pid $pid) exits after umount" wait_gone "$pid" 60 || true
-    done
-fi
+check "no daemon is left serving after the refused mount" test "${#pids[@]}" -eq 0 || true
 
 # --- fstab --------------------------------------------------------------------------------------
 # mount --fstab reads another file with fstab's syntax: /etc/fstab is never touched.

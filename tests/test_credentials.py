@@ -1,4 +1,5 @@
-"""Calls against the target run as the caller (credentials.py), so a root-squashed export works.
+"""Calls against the target run as the caller (engine/src/caller.cc), so a root-squashed export
+works.
 
 An NFS server with root_squash treats the daemon's root as an unprivileged user. Here that
 server is the local file system and the squash is real: the daemon runs under ``setpriv`` with
@@ -8,7 +9,8 @@ other user, as a squashing server does. (The squashed id is 0 here, not nobody; 
 that root has no rights over other users' files, is the same.) It keeps CAP_SETUID and
 CAP_SETGID, which switching to a caller needs, and CAP_SYS_ADMIN, to mount.
 
-Unit tests of the pure parts come first; then one worker thread's real switches; then mounts.
+Every test mounts: the switches are the engine's, per request thread (setfsuid, setfsgid,
+setgroups).
 """
 
 from __future__ import annotations
@@ -20,184 +22,19 @@ import shutil
 import stat
 import subprocess
 import textwrap
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from conftest import MakeMount
-from mount_util import ENGINE, status_json
+from mount_util import status_json
 
-from fusethrottle.target.credentials import (
-    GROUPS_TTL,
-    Caller,
-    Callers,
-    ThreadCredentials,
-    can_switch,
-    parse_groups,
-)
+from fusethrottle.service.target_probe import can_switch
 
 needs_switching = pytest.mark.skipif(not can_switch(), reason="switching credentials needs root")
 
 BACKUP_USER = 1234  # plays postgres: owns the 0700 directory the backup goes to
 OTHER_USER = 1235
 SHARED_GROUP = 4321
-
-
-# --- pure --------------------------------------------------------------------------------------
-def test_groups_are_read_from_proc_status() -> None:
-    status = "Name:\tpostgres\nUid:\t1234\t1234\t1234\t1234\nGroups:\t4321 1234 27 \nNgid:\t0\n"
-    assert parse_groups(status) == (27, 1234, 4321)
-    assert parse_groups("Name:\tx\nGroups:\t\n") == ()
-    assert parse_groups("Name:\tx\n") is None
-
-
-def ctx(uid: int, gid: int, pid: int = 4242) -> Any:
-    return SimpleNamespace(uid=uid, gid=gid, pid=pid)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_callers_read_groups_once_per_interval_and_never_for_the_daemon() -> None:
-    reads: list[int] = []
-    groups = {4242: (27, 4321)}
-
-    def read(pid: int) -> tuple[int, ...] | None:
-        reads.append(pid)
-        return groups.get(pid)
-
-    clock = Clock()
-    callers = Callers(True, daemon=(0, 0), read_groups=read, clock=clock)
-    assert callers.of(ctx(0, 0)) is None  # the daemon's own user: nothing to switch
-    assert callers.of(None) is None
-    first = callers.of(ctx(1234, 1234))
-    assert first == Caller(1234, 1234, (27, 4321))
-    for _ in range(100):  # one tar: one read of /proc
-        assert callers.of(ctx(1234, 1234)) is first
-    assert reads == [4242]
-    groups[4242] = (27,)  # newgrp; seen once the interval is over
-    clock.now += GROUPS_TTL + 0.01
-    assert callers.of(ctx(1234, 1234)) == Caller(1234, 1234, (27,))
-    assert reads == [4242, 4242]
-
-
-def test_a_caller_whose_process_is_gone_keeps_only_its_primary_group() -> None:
-    callers = Callers(True, daemon=(0, 0), read_groups=lambda pid: None, clock=Clock())
-    assert callers.of(ctx(1234, 777)) == Caller(1234, 777, (777,))
-
-
-def test_without_switching_every_call_runs_as_the_daemon() -> None:
-    callers = Callers(False, daemon=(0, 0), read_groups=lambda pid: (1,), clock=Clock())
-    assert callers.of(ctx(1234, 1234)) is None
-
-
-# --- one worker thread, real switches ------------------------------------------------------------
-def in_thread(fn: Callable[[], Any]) -> Any:
-    """Run *fn* in a new thread (as a worker would) and return or raise what it did."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as err:  # handed to the test thread
-            out["error"] = err
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
-@needs_switching
-def test_a_thread_acts_as_its_caller_and_only_that_thread(workdir: Path) -> None:
-    tmp_path = workdir  # every user may pass through it
-    private = tmp_path / "private"
-    private.mkdir(mode=0o700)  # root's
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    os.chown(shared, OTHER_USER, SHARED_GROUP)
-    shared.chmod(0o770)
-    creds = ThreadCredentials()
-    member = Caller(BACKUP_USER, BACKUP_USER, (SHARED_GROUP,))
-    stranger = Caller(BACKUP_USER, BACKUP_USER, ())
-
-    def create_as(caller: Caller | None, path: Path) -> os.stat_result:
-        def make() -> os.stat_result:
-            fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
-            os.close(fd)
-            return os.stat(path)
-
-        return creds.call_as(caller, make)
-
-    def run() -> None:
-        # As the caller: the target refuses what the caller may not do ...
-        with pytest.raises(PermissionError):
-            create_as(stranger, private / "no")
-        with pytest.raises(PermissionError):
-            create_as(stranger, shared / "no")
-        # ... allows what it may (a supplementary group counts), and the file is the caller's.
-        st = create_as(member, shared / "yes")
-        assert (st.st_uid, st.st_gid) == (BACKUP_USER, BACKUP_USER)
-        # Meanwhile the other threads are still root (checked by the test's own thread).
-        switched.set()
-        assert checked.wait(30)
-        # Back to the daemon (None): root again.
-        st = create_as(None, private / "root's")
-        assert (st.st_uid, st.st_gid) == (0, 0)
-
-    switched, checked = threading.Event(), threading.Event()
-    seen_by_root: list[list[str]] = []
-
-    def check() -> None:
-        assert switched.wait(30)
-        seen_by_root.append(os.listdir(private))  # while the worker is the caller
-        checked.set()
-
-    checker = threading.Thread(target=check)
-    checker.start()
-    in_thread(run)
-    checker.join()
-    assert seen_by_root == [[]]
-    assert sorted(os.listdir(shared)) == ["yes"]
-    assert os.listdir(private) == ["root's"]
-    # The test's own thread never changed.
-    assert (os.getuid(), os.geteuid()) == (0, 0)
-
-
-@needs_switching
-def test_a_refused_switch_fails_the_call_and_leaves_the_daemons_credentials() -> None:
-    """A call must never run with the wrong credentials: if the kernel refuses the switch
-    (here: a thread whose CAP_SETUID is gone), the call fails instead of running as root."""
-    creds = ThreadCredentials()
-    ran: list[bool] = []
-
-    def run() -> None:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        # Drop CAP_SETUID (7) and CAP_SETGID (6) from this thread's effective set only.
-        header = (ctypes.c_uint32 * 2)(0x20080522, 0)
-        data = (ctypes.c_uint32 * 6)()
-        assert libc.syscall(125, header, data) == 0  # capget
-        data[0] &= ~((1 << 6) | (1 << 7))
-        assert libc.syscall(126, header, data) == 0  # capset (this thread only)
-        with pytest.raises(PermissionError):
-            creds.call_as(Caller(BACKUP_USER, BACKUP_USER, ()), lambda: ran.append(True))
-
-    if os.uname().machine != "x86_64":
-        pytest.skip("the capget/capset numbers here are x86_64's")
-    in_thread(run)
-    assert ran == []
 
 
 # --- real mounts over a squashing target ---------------------------------------------------------
@@ -389,11 +226,6 @@ def test_what_posix_allows_a_caller_who_is_not_the_owner_works_through_the_mount
 
 @pytest.mark.mount
 @needs_switching
-@pytest.mark.skipif(
-    ENGINE != "native",
-    reason="the Python data plane looks every entry up while listing, which needs search "
-    "permission (it is being replaced by the engine, which lists without)",
-)
 def test_the_owner_lists_a_directory_it_may_read_but_not_search(make_mount: MakeMount) -> None:
     """As on the target: opening "." of the directory would need search permission, listing
     does not (pjdfstest's open/06.t)."""

@@ -1,10 +1,9 @@
-"""engine=native: the C++ request loop (fusethrottle/engine) under the Python control plane.
+"""The engine: the C++ request loop (fusethrottle/engine) under the Python control plane.
 
 The option rules and the status view first (pure), then real mounts: the engine really serves
 them, injects fsyncs in batches while a file is written and when it is closed, a file the kernel
 forgot before the end is synced on the target all the same (even with injection off), status
-answers, a missing library is one clear line. The rest of the suite runs on the engine with
-FUSETHROTTLE_TEST_ENGINE=native (scripts/test names the files it passes so far).
+answers, a missing library is one clear line. Every other mount of the suite runs on it too.
 """
 
 from __future__ import annotations
@@ -38,19 +37,19 @@ needs_engine = pytest.mark.skipif(
 )
 
 
-def test_engine_is_native_unless_asked() -> None:
-    assert parse_options([]).engine == "native"
-    assert parse_options(["engine=python"]).engine == "python"
-
-
-def test_an_unknown_engine_is_refused() -> None:
-    with pytest.raises(OptionError, match="'rust' is not one of python, native"):
+def test_engine_native_from_older_mounts_still_mounts_and_python_says_it_is_gone() -> None:
+    """fstab lines and units written while two data planes existed keep working; one that asks
+    for the removed Python data plane is told so, not silently given the engine."""
+    assert parse_options(["engine=native"]) == parse_options([])
+    with pytest.raises(OptionError, match="the Python data plane was removed"):
+        parse_options(["engine=python"])
+    with pytest.raises(OptionError, match="'rust' is not native"):
         parse_options(["engine=rust"])
 
 
 def _native_snapshot(stats: EngineStats, errors: list[tuple[str, int, int]]) -> dict[str, Any]:
     config = parse_options(
-        ["engine=native", "mode=static", "window=64M", "metered_limit=10M"],
+        ["mode=static", "window=64M", "metered_limit=10M"],
         source="/src",
         mountpoint="/mnt",
     )
@@ -71,7 +70,7 @@ def _native_snapshot(stats: EngineStats, errors: list[tuple[str, int, int]]) -> 
         now=1.0,
         sample=True,
     )
-    # The same series as the Python data plane's.
+    # The series the exposition makes of it.
     exposed = {
         (x.name, x.labels.get("class")): x.value for m in families(snap, 0.0) for x in m.samples
     }
@@ -112,7 +111,6 @@ def test_a_native_mounts_status_is_the_same_picture_of_what_the_engine_counted()
         page_cache_drops=30,
     )
     answer = _native_snapshot(stats, [("lookup", errno.ENOENT, 3), ("write", errno.ENOSPC, 1)])
-    assert answer["engine"] == "native"
     assert answer["unsynced_bytes"] == 24 << 20
     assert answer["read_bytes"] == 3 << 10
     assert answer["target_operations"] == {"lookup": 40, "write": 900, "getxattr": 7}
@@ -124,7 +122,7 @@ def test_a_native_mounts_status_is_the_same_picture_of_what_the_engine_counted()
     ]
     assert answer["admission_wait"]["counts"][2] == 4
     text = format_status(answer, now=60.0)
-    assert "mode static, native engine" in text, text
+    assert text.splitlines()[0].endswith("mode static"), text
     assert "24.0 MiB of 64.0 MiB window (38%), 2 file(s)" in text, text
     assert "5 throttled, p99 wait > 2m00s" in text, text
     assert "by reason: batch 2, release 1" in text, text
@@ -148,7 +146,7 @@ def _maps(pid: int) -> str:
 @pytest.mark.mount
 @needs_engine
 def test_the_native_engine_serves_the_mount(make_mount: MakeMount) -> None:
-    ft = make_mount(options=("engine=native",))
+    ft = make_mount(options=())
     (ft.mountpoint / "a").write_bytes(b"through the engine")
     assert ft.source is not None
     assert (ft.source / "a").read_bytes() == b"through the engine"
@@ -166,9 +164,7 @@ def test_a_file_the_kernel_forgot_is_synced_on_the_target_before_the_end(
     must be fsynced on the target then (nothing could find the file at the end). mode=off: no
     release sync does it first."""
     target, record = make_memfs("target")
-    ft = make_mount(
-        source=target.mountpoint, options=("engine=native", "mode=off"), name="over-memfs"
-    )
+    ft = make_mount(source=target.mountpoint, options=("mode=off",), name="over-memfs")
     names = [f"f{i}" for i in range(20)]
     for name in names:
         (ft.mountpoint / name).write_bytes(name.encode() * 1000)
@@ -193,7 +189,7 @@ def test_a_listing_with_attributes_hands_out_lookups_that_all_come_back(
     source.mkdir()
     for i in range(300):
         (source / f"f{i:03}").write_bytes(b"x" * i)
-    ft = make_mount(source=source, options=("engine=native",))
+    ft = make_mount(source=source, options=())
     listing = subprocess.run(
         ["ls", "-ln", str(ft.mountpoint)], capture_output=True, text=True, check=True
     ).stdout.splitlines()[1:]
@@ -217,7 +213,7 @@ def test_a_tree_removed_through_the_mount_leaves_nothing_held_and_a_clean_stop(
     goes (no descriptor of a removed file stays open in the daemon: on NFS that would be a
     .nfsXXXX silly rename), and the times the kernel's cache still holds for the removed files
     are taken back at SIGTERM's syncfs without an error (it once failed the stop: exit 1)."""
-    ft = make_mount(options=("engine=native",))
+    ft = make_mount(options=())
     tree = ft.mountpoint / "tree"
     tree.mkdir()
     for i in range(200):
@@ -238,7 +234,7 @@ def test_a_missing_engine_is_one_clear_line(workdir: Path) -> None:
     (workdir / "mnt").mkdir()
     env = {**os.environ, LIBRARY_ENV: str(workdir / "nowhere.so")}
     result = subprocess.run(
-        [FUSETHROTTLE, str(workdir / "src"), str(workdir / "mnt"), "-f", "-o", "engine=native"],
+        [FUSETHROTTLE, str(workdir / "src"), str(workdir / "mnt"), "-f"],
         capture_output=True,
         text=True,
         env=env,
@@ -264,7 +260,7 @@ def test_a_file_being_written_is_fsynced_in_batches_before_it_is_closed(
     target, record = make_memfs("target")
     ft = make_mount(
         source=target.mountpoint,
-        options=("engine=native", "mode=static", "batch=4M", "window=16M"),
+        options=("mode=static", "batch=4M", "window=16M"),
         name="over-memfs",
     )
     block = os.urandom(1 << 20)
@@ -282,13 +278,12 @@ def test_a_closed_file_is_fsynced_without_waiting_for_the_end(
     make_memfs: Any, make_mount: MakeMount
 ) -> None:
     target, record = make_memfs("target")
-    ft = make_mount(source=target.mountpoint, options=("engine=native",), name="over-memfs")
+    ft = make_mount(source=target.mountpoint, options=(), name="over-memfs")
     (ft.mountpoint / "small").write_bytes(b"closed, so synced" * 100)
     assert wait_for(lambda: _fsyncs_of(record, "small") >= 1, 30), record.read_text()[-2000:]
     status = subprocess.run(
         [FUSETHROTTLE, "status", str(ft.mountpoint)], capture_output=True, text=True, timeout=30
     )
     assert status.returncode == 0, status.stderr
-    assert "native engine" in status.stdout, status.stdout
     assert "by reason: release 1" in status.stdout, status.stdout
     assert ft.stop() == 0

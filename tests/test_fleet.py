@@ -2,12 +2,14 @@
 
 The fake fleet keeps the same rules as the Lua script in fleet_redis.py (that script itself is
 tested against a real redis-server in test_fleet_redis.py); here the clock is fake, so rates and
-shares are exact and the tests take milliseconds.
+shares are exact and the tests take milliseconds. Each mount's writes are spent as the native
+engine's requests spend them (fleet_spender.py): the renewer hands them the share.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -15,18 +17,11 @@ from dataclasses import dataclass, field
 import pytest
 import trio
 import trio.testing
+from fleet_spender import EngineSpender
 
 from fusethrottle.metering.fleet import FleetShare
 from fusethrottle.metering.fleet_redis import StoreError
-from fusethrottle.metering.fleet_share import (
-    BUCKET_SECONDS,
-    GRANT_CAP_SECONDS,
-    PACE_BURST_SECONDS,
-    Fallback,
-    Grant,
-    Spending,
-)
-from fusethrottle.metering.token_bucket import TokenBucket
+from fusethrottle.metering.fleet_share import BUCKET_SECONDS, GRANT_CAP_SECONDS, Fallback, Grant
 
 MiB = 1 << 20
 RATE = 60 * MiB
@@ -84,24 +79,31 @@ def fleet_budget(fake: FakeFleet, name: str = "m", **kw: object) -> FleetShare:
     return FleetShare(lambda: fake, url="redis://test/x", mount_id=name, threads=False, **kw)  # type: ignore[arg-type]
 
 
+def mount(fake: FakeFleet, name: str = "m", **kw: object) -> EngineSpender:
+    """A mount on the fake fleet: its share, spent by (a model of) the engine's requests."""
+    return EngineSpender.attach(fleet_budget(fake, name, **kw))
+
+
 def run_mock(fn: Callable[[], Awaitable[None]]) -> None:
     trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-async def greedy(fleet: FleetShare, counter: dict[str, float], size: int = MiB) -> None:
+async def greedy(writes: EngineSpender, counter: dict[str, float], size: int = MiB) -> None:
+    """A writer that never stops: *counter* holds what passed, per mount."""
+    name = writes.fleet.mount_id
     while True:
-        await fleet.acquire(size, 0)
-        counter[fleet.mount_id] = counter.get(fleet.mount_id, 0) + size
+        await writes.spend(size)
+        counter[name] = counter.get(name, 0) + size
 
 
 def test_three_greedy_mounts_share_the_fleet_rate_equally() -> None:
     async def main() -> None:
         fake = FakeFleet()
-        mounts = [fleet_budget(fake, f"m{i}") for i in range(3)]
+        mounts = [mount(fake, f"m{i}") for i in range(3)]
         passed: dict[str, float] = {}
         async with trio.open_nursery() as nursery:
             for m in mounts:
-                await nursery.start(m.run)
+                await nursery.start(m.fleet.run)
                 nursery.start_soon(greedy, m, passed)
             await trio.sleep(10.0)
             first = sum(passed.values())
@@ -120,18 +122,18 @@ def test_three_greedy_mounts_share_the_fleet_rate_equally() -> None:
 def test_small_writes_cost_no_round_trip_each() -> None:
     async def main() -> None:
         fake = FakeFleet()
-        fleet = fleet_budget(fake)
+        m = mount(fake)
         passed: dict[str, float] = {}
         async with trio.open_nursery() as nursery:
-            await nursery.start(fleet.run)
-            nursery.start_soon(greedy, fleet, passed, 4096)
+            await nursery.start(m.fleet.run)
+            nursery.start_soon(greedy, m, passed, 4096)
             await trio.sleep(10.0)
             nursery.cancel_scope.cancel()
         writes = passed["m"] / 4096
         assert writes > 100_000
         assert fake.calls < writes / 1000
         gib = passed["m"] / (1 << 30)
-        assert fleet.round_trips_total / gib < 100
+        assert m.fleet.round_trips_total / gib < 100
 
     run_mock(main)
 
@@ -139,11 +141,11 @@ def test_small_writes_cost_no_round_trip_each() -> None:
 def test_a_mount_that_stops_writing_hands_its_share_to_the_others() -> None:
     async def main() -> None:
         fake = FakeFleet()
-        a, b = fleet_budget(fake, "a"), fleet_budget(fake, "b")
+        a, b = mount(fake, "a"), mount(fake, "b")
         passed: dict[str, float] = {}
         async with trio.open_nursery() as nursery:
-            await nursery.start(a.run)
-            await nursery.start(b.run)
+            await nursery.start(a.fleet.run)
+            await nursery.start(b.fleet.run)
             nursery.start_soon(greedy, a, passed)
             with trio.move_on_after(5.0):
                 await greedy(b, passed)  # b's writer, stopped after 5 s
@@ -160,11 +162,11 @@ def test_a_mount_that_stops_writing_hands_its_share_to_the_others() -> None:
 def test_weights_tilt_the_shares() -> None:
     async def main() -> None:
         fake = FakeFleet()
-        heavy, light = fleet_budget(fake, "heavy", weight=2.0), fleet_budget(fake, "light")
+        heavy, light = mount(fake, "heavy", weight=2.0), mount(fake, "light")
         passed: dict[str, float] = {}
         async with trio.open_nursery() as nursery:
             for m in (heavy, light):
-                await nursery.start(m.run)
+                await nursery.start(m.fleet.run)
                 nursery.start_soon(greedy, m, passed)
             await trio.sleep(60.0)
             nursery.cancel_scope.cancel()
@@ -178,26 +180,26 @@ def test_redis_down_writes_go_on_at_the_last_share_and_rejoin(
 ) -> None:
     async def main() -> None:
         fake = FakeFleet()
-        mounts = [fleet_budget(fake, f"m{i}") for i in range(3)]
+        mounts = [mount(fake, f"m{i}") for i in range(3)]
         passed: dict[str, float] = {}
         async with trio.open_nursery() as nursery:
             for m in mounts:
-                await nursery.start(m.run)
+                await nursery.start(m.fleet.run)
                 nursery.start_soon(greedy, m, passed)
             await trio.sleep(10.0)
             fake.down = True
             await trio.sleep(3.0)
-            assert all(m.fallback_since is not None for m in mounts)
+            assert all(m.fleet.fallback_since is not None for m in mounts)
             during = dict(passed)
             await trio.sleep(20.0)
             # on the last share each: the fleet's rate, no more, with no Redis at all
             for m in mounts:
-                moved = passed[m.mount_id] - during[m.mount_id]
-                assert moved == pytest.approx(RATE / 3 * 20, rel=0.03)
+                name = m.fleet.mount_id
+                assert passed[name] - during[name] == pytest.approx(RATE / 3 * 20, rel=0.03)
             fake.down = False
             await trio.sleep(3.0)
-            assert all(m.fallback_since is None for m in mounts)
-            stats = mounts[0].statistics(trio.current_time())
+            assert all(m.fleet.fallback_since is None for m in mounts)
+            stats = mounts[0].fleet.statistics(trio.current_time())
             assert stats.fallback_seconds_total == pytest.approx(23, abs=1)
             assert stats.errors_total > 0
             nursery.cancel_scope.cancel()
@@ -212,11 +214,11 @@ def test_redis_down_writes_go_on_at_the_last_share_and_rejoin(
 def test_a_fixed_fallback_rate() -> None:
     async def main() -> None:
         fake = FakeFleet(down=True)
-        fleet = fleet_budget(fake, "m", fallback=Fallback(5 * MiB))
+        m = mount(fake, "m", fallback=Fallback(5 * MiB))
         passed: dict[str, float] = {}
         async with trio.open_nursery() as nursery:
-            await nursery.start(fleet.run)
-            nursery.start_soon(greedy, fleet, passed)
+            await nursery.start(m.fleet.run)
+            nursery.start_soon(greedy, m, passed)
             await trio.sleep(10.0)
             nursery.cancel_scope.cancel()
         assert passed["m"] == pytest.approx(5 * MiB * 10, rel=0.03)
@@ -227,10 +229,10 @@ def test_a_fixed_fallback_rate() -> None:
 def test_unmount_gives_the_lease_back() -> None:
     async def main() -> None:
         fake = FakeFleet()
-        fleet = fleet_budget(fake, "m")
+        m = mount(fake, "m")
         async with trio.open_nursery() as nursery:
-            await nursery.start(fleet.run)
-            nursery.start_soon(greedy, fleet, {})
+            await nursery.start(m.fleet.run)
+            nursery.start_soon(greedy, m, {})
             await trio.sleep(1.0)
             nursery.cancel_scope.cancel()
         assert fake.releases == ["m"]
@@ -252,11 +254,13 @@ def test_a_hung_redis_never_holds_a_writer() -> None:
         fleet = FleetShare(
             Hung, url="redis://test/x", mount_id="m", timeout=0.1, fallback=Fallback(MiB)
         )
+        writes = EngineSpender.attach(fleet)
         async with trio.open_nursery() as nursery:
             await nursery.start(fleet.run)
             with trio.fail_after(20):  # a hang guard, not a speed claim
-                await fleet.acquire(4096, 0)
+                await writes.spend(4096)
             assert fleet.fallback_since is not None
+            assert writes.allow_metered == math.inf  # the fallback needs no lease
             nursery.cancel_scope.cancel()
 
     try:
@@ -270,16 +274,16 @@ def test_writes_already_waiting_speed_up_when_the_share_grows() -> None:
 
     async def main() -> None:
         fake = FakeFleet()
-        a, b = fleet_budget(fake, "a"), fleet_budget(fake, "b")
+        a, b = mount(fake, "a"), mount(fake, "b")
         passed: dict[str, float] = {}
         async with trio.open_nursery() as nursery:
-            await nursery.start(a.run)
-            await nursery.start(b.run)
+            await nursery.start(a.fleet.run)
+            await nursery.start(b.fleet.run)
             for _ in range(12):  # the kernel sends a dozen writes at once
                 nursery.start_soon(greedy, b, passed)
             with trio.move_on_after(5.0):
                 await greedy(a, passed)
-            while b.pool.statistics().pace_metered < RATE:
+            while b.fleet.pool.statistics().pace_metered < RATE:
                 await trio.sleep(0.01)
             before = passed["b"]
             await trio.sleep(0.3)
@@ -289,65 +293,36 @@ def test_writes_already_waiting_speed_up_when_the_share_grows() -> None:
     run_mock(main)
 
 
-@dataclass
-class EngineGate:
-    """The native engine's side of the hand-out (fleet_gate.h) on the trio clock: requests take
-    from totals up to the allowance handed out, then wait out the pace. Its own rules are
-    tested in C++ (window_test.cc); here, that the renewer keeps it fed and within the fleet."""
-
-    fleet: FleetShare
-    metered: float = 0.0
-    allow: float = 0.0
-    pace: TokenBucket = field(default_factory=lambda: TokenBucket(0, 1, 0.0))
-    waiting: int = 0
-    handed_out: int = 0
-
-    def fleet_spending(self) -> Spending:
-        return Spending(self.metered, 0.0, self.waiting, 0, 0, 0.0)
-
-    def fleet_hand_out(self, allowance: tuple[float, float], pace: tuple[float, float]) -> None:
-        self.allow = allowance[0]
-        self.handed_out += 1
-        if pace[0] != self.pace.rate:
-            self.pace.set_rate(trio.current_time(), pace[0], pace[0] * PACE_BURST_SECONDS)
-
-    async def spend(self, size: float) -> None:
-        if self.metered >= self.allow:
-            self.waiting += 1
-            self.fleet.wake()
-            while self.metered >= self.allow:
-                await trio.sleep(0.001)
-            self.waiting -= 1
-        self.metered += size
-        await trio.sleep(self.pace.delay_for(trio.current_time(), size))
-
-
-def test_the_engines_requests_spend_the_share_the_renewer_hands_out() -> None:
-    """engine=native: the lease is renewed in Python and spent by the engine's threads; two
-    mounts still split the fleet's rate, and no more passes than Redis granted."""
+def test_no_more_is_spent_than_redis_granted_and_the_waits_are_shown() -> None:
+    """The lease is renewed in Python and spent by the engine's threads: two mounts split the
+    fleet's rate, no more passes than Redis granted, and the statistics (status, metrics) show
+    how many requests waited for the fleet budget, and how long, as the engine counted them."""
 
     async def main() -> None:
         fake = FakeFleet()
-        mounts = [fleet_budget(fake, f"m{i}") for i in range(2)]
-        gates = [EngineGate(m) for m in mounts]
-        for m, gate in zip(mounts, gates, strict=True):
-            m.spend_through(gate)
-
-        async def writer(gate: EngineGate) -> None:
-            while True:
-                await gate.spend(MiB)
-
+        mounts = [mount(fake, f"m{i}") for i in range(2)]
         async with trio.open_nursery() as nursery:
-            for m, gate in zip(mounts, gates, strict=True):
-                await nursery.start(m.run)
-                nursery.start_soon(writer, gate)
-            await trio.sleep(30.0)
+            for m in mounts:
+                await nursery.start(m.fleet.run)
+            async with trio.open_nursery() as writers:
+                for m in mounts:
+                    writers.start_soon(greedy, m, {})
+                await trio.sleep(30.0)
+                writers.cancel_scope.cancel()
+            await trio.sleep(0.1)  # the renewer collects what they did last
+            for m in mounts:
+                stats = m.fleet.statistics(trio.current_time())
+                assert stats.waited_total == m.waited > 0
+                assert stats.wait_seconds_total == m.wait_seconds
+                assert 0.5 * 30 <= stats.wait_seconds_total <= 30  # one writer: about its runtime
             nursery.cancel_scope.cancel()
-        spent = [g.metered for g in gates]
-        granted = sum(m.granted_metered_total for m in mounts)
+        spent = [m.metered for m in mounts]
+        granted = sum(m.fleet.granted_metered_total for m in mounts)
         assert sum(spent) <= granted + 2 * MiB  # a request of debt each, at most
         assert sum(spent) == pytest.approx(RATE * 30, rel=0.05)
         assert spent[0] == pytest.approx(spent[1], rel=0.05)
-        assert max(m.round_trips_total for m in mounts) < 30 * 20  # leases, not a trip a write
+        trips = max(m.fleet.round_trips_total for m in mounts)
+        assert trips < 30 * 20  # leases, not a trip a write
+        assert all(m.handed_out > 0 for m in mounts)
 
     run_mock(main)

@@ -5,22 +5,23 @@ status and metrics of a mount with a budget, and a real mount that writes while 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import trio
+from engine_view import MadeUpMount
 from mount_util import status_json, stream_landing, wait_for
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis_util import RedisServer
 
 from fusethrottle.metering.fleet_command import main as fleet_main
-from fusethrottle.metering.fleet_share import PACE_BURST_SECONDS
-from fusethrottle.metering.meter import Meter, OpClass, profile_for
+from fusethrottle.metering.fleet_share import PACE_BURST_SECONDS, Spending
 from fusethrottle.observability import metrics
-from fusethrottle.observability.metrics import Metrics, Recorder
+from fusethrottle.observability.metrics import Publisher
 from fusethrottle.observability.status_view import format_status
-from fusethrottle.service import cli, mount
+from fusethrottle.service import cli
 from fusethrottle.service.options import parse_options
 
 MiB = 1 << 20
@@ -103,14 +104,45 @@ def test_a_password_file_named_by_the_environment_must_exist(
 # --- status and metrics of a mount with a budget ----------------------------------------------
 
 
-def _built(tmp_path: Path, options: list[str]) -> Metrics:
+def _made_up(tmp_path: Path, options: list[str]) -> MadeUpMount:
     config = parse_options(options, source=str(tmp_path), mountpoint=str(tmp_path / "mnt"))
-    meter = Meter(profile_for(config))
-    recorder = Recorder(meter)
-    return Metrics(mount.build(config, recorder, recorder.target, meter), recorder)
+    return MadeUpMount(config)
 
 
-def _scrape(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+@dataclass
+class EngineWriters:
+    """The engine's requests as the fleet's spender (fleet_gate.h, as the daemon hands them to
+    FleetShare.spend_through): they spend from the statistics' totals up to the allowance the
+    renewer hands out, and wait for a lease beyond it. The pace is the engine's business
+    (tested in C++); here only what the renewer sees."""
+
+    mount: MadeUpMount
+    allowance: float = 0.0  # nothing before the first hand-out
+
+    def fleet_spending(self) -> Spending:
+        s = self.mount.stats
+        return Spending(s.fleet_spent_metered, s.fleet_spent_units, s.fleet_waiting, 0, 0, 0.0)
+
+    def fleet_hand_out(self, allowance: tuple[float, float], pace: tuple[float, float]) -> None:
+        self.allowance = allowance[0]
+
+    async def write(self, metered: int) -> None:
+        """One request of *metered* bytes (a MiB write costs a MiB under efs)."""
+        share = self.mount.fleet
+        assert share is not None
+        while self.mount.stats.fleet_spent_metered >= self.allowance:
+            self._set(fleet_waiting=1)
+            share.wake()
+            await trio.sleep(0.005)
+        s = self.mount.stats
+        self._set(fleet_waiting=0, fleet_spent_metered=s.fleet_spent_metered + metered)
+        await trio.sleep(0)
+
+    def _set(self, **changes: float) -> None:
+        self.mount.stats = replace(self.mount.stats, **changes)
+
+
+def _scrape(m: Publisher) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = generate_latest(metrics.make_registry(m)).decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -124,36 +156,37 @@ def test_status_and_metrics_show_the_fleet_and_the_fallback(
 ) -> None:
     url = f"{redis_server.url}/status"
     assert fleet_main(["set", url, "--metered", "60M"]) == 0
-    built = _built(tmp_path, [f"budget={url}", "budget_timeout=200ms"])
-    fleet = built.mount.fleet
+    made_up = _made_up(tmp_path, [f"budget={url}", "budget_timeout=200ms"])
+    fleet = made_up.fleet
     assert fleet is not None
-    ceilings = built.mount.ceilings
+    writers = EngineWriters(made_up)
+    fleet.spend_through(writers)  # as the daemon hands it the engine
+    publisher = made_up.publisher
     screens: list[str] = []
     scrapes = []
+
+    def show() -> None:
+        snap = publisher.publish(sample=True)
+        screens.append(format_status(snap.to_json()))
+        scrapes.append(_scrape(publisher))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(fleet.run)
-            for _ in range(8):
-                await ceilings.wait(OpClass.DATA_WRITE, MiB)
-            built.publish(sample=True)
-            screens.append(format_status(built.latest.to_json()))
-            scrapes.append(_scrape(built))
+            with trio.fail_after(30):  # a hang guard: the renewer hands out a lease at once
+                for _ in range(8):
+                    await writers.write(MiB)
+            show()
             redis_server.kill()
             with trio.fail_after(30):  # a hang guard: writes go on while Redis is away
                 while fleet.fallback_since is None:
-                    await ceilings.wait(OpClass.DATA_WRITE, MiB)
+                    await writers.write(MiB)
                 for _ in range(4):
-                    await ceilings.wait(OpClass.DATA_WRITE, MiB)
-            built.publish(sample=True)
-            screens.append(format_status(built.latest.to_json()))
-            scrapes.append(_scrape(built))
+                    await writers.write(MiB)
+            show()
             nursery.cancel_scope.cancel()
 
-    try:
-        trio.run(main)
-    finally:
-        daemon_close(built)
+    trio.run(main)
     joined, away = screens
     assert f"  fleet        {url}: 60.0 MiB/s metered for 1 mount(s)" in joined
     assert "this mount: weight 1, share 60.0 MiB/s metered" in joined
@@ -172,11 +205,6 @@ def test_status_and_metrics_show_the_fleet_and_the_fallback(
         down[("fusethrottle_budget_round_trips_total", ())]
         > ok[("fusethrottle_budget_leases_total", ())]
     )
-
-
-def daemon_close(m: Metrics) -> None:
-    m.mount.inodes.close_all()
-    os.close(m.mount.inodes[1].path_fd)
 
 
 # --- a real mount ---------------------------------------------------------------------------
@@ -232,10 +260,10 @@ def test_a_mount_sends_the_target_no_more_than_its_share(
 ) -> None:
     """One mount alone in a fleet of 8 MiB/s: the target receives no more than the share allows
     over the time that passed (the pace's burst and one write on top), and all of it arrives.
-    On the native engine the lease is renewed here and spent by the engine's threads, so this
-    is the hand-out's proof: a writer through a mount that ignored the budget would land all
-    12 MiB at once. Measured at the target, as the ceilings' test (test_ceilings.py), with the
-    same reasons why no margin of time can flake."""
+    The lease is renewed in Python and spent by the engine's threads, so this is the hand-out's
+    proof: a writer through a mount that ignored the budget would land all 12 MiB at once.
+    Measured at the target, as the ceilings' test (test_ceilings.py), with the same reasons why
+    no margin of time can flake."""
     rate = 8 * MiB
     url = f"{redis_server.url}/share"
     assert fleet_main(["set", url, "--metered", "8M"]) == 0

@@ -314,17 +314,21 @@ def test_mounts_hear_each_other_join_and_leave(redis_server: RedisServer) -> Non
     """A joining or leaving mount moves the others' shares at once (pub/sub), not at their
     next lease: b hears a join and then leave, and ends with the whole rate again."""
     import trio
+    from fleet_spender import EngineSpender
 
     from fusethrottle.metering.fleet import FleetShare
 
     fleet_store(redis_server).set_rates(RATE, 0)  # the budget "fleet"
 
-    def mount(name: str) -> FleetShare:
-        return FleetShare(lambda: fleet_store(redis_server), url="test", mount_id=name)
+    def mount(name: str) -> EngineSpender:
+        """A mount's share, spent by (a model of) the engine's requests."""
+        return EngineSpender.attach(
+            FleetShare(lambda: fleet_store(redis_server), url="test", mount_id=name)
+        )
 
-    async def write(fleet: FleetShare) -> None:
+    async def write(writes: EngineSpender) -> None:
         while True:
-            await fleet.acquire(MiB, 0)
+            await writes.spend(MiB)
 
     async def until(predicate) -> None:  # type: ignore[no-untyped-def]
         with trio.fail_after(20):  # a hang guard, not a speed claim
@@ -332,23 +336,24 @@ def test_mounts_hear_each_other_join_and_leave(redis_server: RedisServer) -> Non
                 await trio.sleep(0.02)
 
     async def main() -> None:
-        a, b = mount("a"), mount("b")
+        a_writes, b_writes = mount("a"), mount("b")
+        a, b = a_writes.fleet, b_writes.fleet
         async with trio.open_nursery() as nursery:
             await nursery.start(a.run)
             await nursery.start(b.run)
-            nursery.start_soon(write, b)
+            nursery.start_soon(write, b_writes)
             await until(lambda: b.last_grant is not None and b.last_grant.mounts == 1)
             await until(lambda: subscribers(redis_server) >= 2)  # both watchers listen
-            a_writes = trio.CancelScope()
+            a_writer = trio.CancelScope()
 
-            async def a_writer() -> None:
-                with a_writes:
-                    await write(a)
+            async def write_on_a() -> None:
+                with a_writer:
+                    await write(a_writes)
 
-            nursery.start_soon(a_writer)
+            nursery.start_soon(write_on_a)
             await until(lambda: b.notified_total >= 1)
             await until(lambda: b.last_grant is not None and b.last_grant.mounts == 2)
-            a_writes.cancel()
+            a_writer.cancel()
             await until(lambda: b.notified_total >= 2)
             await until(lambda: b.last_grant is not None and b.last_grant.mounts == 1)
             assert b.last_grant.share_metered == RATE

@@ -1,7 +1,7 @@
 """Keeping the daemon's descriptors within its limit by asking the kernel to drop names.
 
-The message and the choice of names first (pure), then a real mount whose daemon may hold only
-a few hundred descriptors backing up, listing and restoring a tree of thousands of files.
+A real mount whose daemon may hold only a few hundred descriptors backing up, listing and
+restoring a tree of thousands of files (the engine's relief.cc chooses the names).
 """
 
 from __future__ import annotations
@@ -12,39 +12,6 @@ from pathlib import Path
 
 import pytest
 from conftest import MakeMount
-
-from fusethrottle.adapter.inodes import ROOT, Inode
-from fusethrottle.adapter.kernel_entries import Bounds, bounds_for, pick
-
-
-def test_bounds_leave_room_for_open_files() -> None:
-    assert bounds_for(20000) == Bounds(15000, 12000)
-    bounds = bounds_for(1024)
-    assert bounds.low < bounds.high < 1024
-
-
-def node(nodeid: int, lookups: int = 1, parent: int = ROOT, name: bytes = b"f") -> Inode:
-    inode = Inode(nodeid, -1, (1, nodeid), 0o100644, lookups)
-    inode.entry_parent, inode.entry_name = parent, name
-    return inode
-
-
-def test_the_oldest_names_nothing_needs_go_first() -> None:
-    root = Inode(ROOT, -1, (1, 1), 0o40755, 1 << 62)
-    busy = node(10)
-    unnamed = node(11, parent=0)  # known without a name (never looked up by one)
-    forgotten = node(12, lookups=0)  # the kernel let go already: its FORGET came
-    removed = node(13)
-    removed.removed = os.stat(".")
-    asked = node(14)
-    asked.asked_until = 105.0
-    free = [node(n) for n in range(20, 25)]
-    table = [root, busy, unnamed, forgotten, removed, asked, *free]
-    chosen = pick(table, 3, lambda inode: inode is busy, now=100.0)
-    assert chosen == free[:3]
-    assert pick(table, 10, lambda inode: inode is busy, now=106.0) == [asked, *free]
-    assert pick(table, 0, lambda inode: False, now=0.0) == []
-
 
 # --- a real mount with few descriptors -----------------------------------------------------------
 FILES = 3000  # far more than the 1024 descriptors the daemon below may hold

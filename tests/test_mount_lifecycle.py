@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 from conftest import MakeMount
 from mount_util import (
-    ENGINE,
     FUSETHROTTLE,
     UNMOUNT_TRIES,
     Daemon,
@@ -164,11 +163,6 @@ def first_difference(data: bytes, expected: bytes) -> int | None:
     return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(data), len(expected)))
 
 
-@pytest.mark.xfail(
-    ENGINE == "python",
-    reason="the Python data plane (being removed) loses them at a stop (Debian's pyfuse3 "
-    "with the writeback cache too)",
-)
 @pytest.mark.parametrize("cache", ["yes", "no"])
 def test_pages_stored_through_a_mapping_reach_the_target_at_a_stop(
     make_mount: MakeMount, cache: str

@@ -9,6 +9,7 @@ One mount serves all examples; each example works in fresh subdirectories of its
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import itertools
 import os
@@ -32,13 +33,19 @@ from hypothesis.stateful import (
 )
 from mount_util import Daemon
 
-from fusethrottle import _libc
-
 pytestmark = pytest.mark.mount
 
-AT_FDCWD = _libc.AT_FDCWD
-RENAME_NOREPLACE = _libc.RENAME_NOREPLACE
-RENAME_EXCHANGE = _libc.RENAME_EXCHANGE
+AT_FDCWD = -100
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.renameat2.argtypes = (
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_uint,
+)
 
 PATHS = ["f", "g", "h", "d", "e", "d/f", "d/g", "e/f", "d/d", "d/d/f"]
 MODES = [0o644, 0o600, 0o755, 0o777, 0o4755, 0o2711, 0o1777, 0o000, 0o444]
@@ -49,7 +56,9 @@ offsets = st.one_of(st.integers(0, 4200), st.integers(65_000, 70_000))
 
 
 def renameat2(src: str, dst: str, flags: int) -> None:
-    _libc.renameat2(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags)
+    if _libc.renameat2(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags) < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def outcome(fn: Any, *args: Any) -> tuple[str, Any]:

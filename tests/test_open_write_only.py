@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from mount_util import Daemon
 
-from fusethrottle.target.credentials import can_switch
+from fusethrottle.service.target_probe import can_switch
 
 pytestmark = [
     pytest.mark.mount,

@@ -4,6 +4,8 @@ endpoint off."""
 
 from __future__ import annotations
 
+import bisect
+import errno
 import json
 import os
 import select
@@ -12,20 +14,21 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from engine_view import MadeUpMount
 from mount_util import FUSETHROTTLE, LIFELONG_TASK, command_for_other_users, wait_for
 
-from fusethrottle.metering.meter import Meter, profile_for
 from fusethrottle.observability import status, status_server
-from fusethrottle.observability.metrics import Metrics, Recorder
+from fusethrottle.observability.metrics.definitions import ADMISSION_BUCKETS
 from fusethrottle.observability.status_client import StatusError, _ask, find_mount_of, owner
 from fusethrottle.observability.status_socket import client_dirs, socket_name
 from fusethrottle.observability.status_view import fmt_bytes, fmt_count, fmt_seconds, format_status
-from fusethrottle.service import mount, mountinfo
+from fusethrottle.service import mountinfo
 from fusethrottle.service.mountinfo import MountInfo
 from fusethrottle.service.options import Config
 
@@ -56,32 +59,33 @@ def test_fmt_count() -> None:
 
 
 @pytest.fixture
-def snapshot(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A real status answer (Snapshot.to_json) of a built, unmounted mount."""
-    config = Config(source=str(tmp_path), mountpoint="/backups", mode="adaptive", window=256 * MiB)
-    meter = Meter(profile_for(config))
-    recorder = Recorder(meter)
-    m = Metrics(mount.build(config, recorder, recorder.target, meter), recorder)
-    try:
-        yield trio.run(_publish, m)
-    finally:
-        m.mount.inodes.close_all()
-        os.close(m.mount.inodes[1].path_fd)
-
-
-async def _publish(m: Metrics) -> dict[str, Any]:
-    rec = m.recorder
-    rec.bytes_written(100 * MiB)
-    rec.target("write", MiB)
-    rec.target("lookup", 0)
+def snapshot() -> dict[str, Any]:
+    """A real status answer (Snapshot.to_json) of a made-up engine, as the daemon builds it."""
+    config = Config(source="/mnt/nfs/backups", mountpoint="/backups", window=256 * MiB)
+    assert config.mode == "adaptive"  # the default
+    m = MadeUpMount(config)
+    m.wrote(100 * MiB)
+    m.request("write", MiB)
+    m.request("lookup")
     for seconds in (1.0, 2.0, 3.0):
-        rec.fsync("batch", seconds, 32 * MiB, None)
-    rec.fsync("release", 0.5, MiB, None)
-    # One measured fsync ends slow start; a fast one leaves the warming window where it is.
-    m.mount.budget.sampled(1.0, 64 * MiB, 0.1)
-    rec.admission_wait(0.2)
-    rec.target_error("write", 5)
-    return m.publish().to_json()
+        m.fsyncs.fsync("batch", seconds, 32 * MiB, None)
+    m.fsyncs.fsync("release", 0.5, MiB, None)
+    # One measured fsync ends slow start (fed as Daemon._sampled does); a fast one leaves the
+    # warming window where it is.
+    s = m.stats
+    m.controller.on_sample(1.0, 64 * MiB, 0.1, s.unsynced_bytes, s.window_bytes)
+    # One write waited 0.2 s at the gate (the engine counts it in the bucket of its bound).
+    waits = [0] * (len(ADMISSION_BUCKETS) + 1)
+    waits[bisect.bisect_left(ADMISSION_BUCKETS, 0.2)] = 1
+    m.stats = replace(
+        s, throttled_writes=1, admission_waits=tuple(waits), admission_wait_seconds=0.2
+    )
+    m.errors.append(("write", errno.EIO, 1))
+    return trio.run(_publish, m)
+
+
+async def _publish(m: MadeUpMount) -> dict[str, Any]:
+    return m.publisher.publish().to_json()
 
 
 def test_format_status_shows_what_an_sre_asks_first(snapshot: dict[str, Any]) -> None:
@@ -134,7 +138,7 @@ def test_status_says_where_the_targets_cache_goes_in_the_container_case(
 
 
 # What docs/METRICS.md shows, as the daemon would send it (up 2h14m, on the status of a busy
-# backup). Written out by hand rather than taken from Metrics, so the documented screen is pinned
+# backup). Written out by hand rather than taken from a snapshot, so the documented screen is pinned
 # to the view alone.
 GiB = 1024 * MiB
 STARTED = 1_700_000_000.0

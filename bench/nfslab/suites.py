@@ -29,10 +29,6 @@ class Suite:
     layout: str = "one"
 
 
-#: The tests' mounts through the native engine (tests/mount_util.py reads it).
-NATIVE = {"FUSETHROTTLE_TEST_ENGINE": "native"}
-
-
 def _pytest(
     name: str, *args: str, timeout: float = 1800, env: dict[str, str] | None = None
 ) -> Command:
@@ -85,17 +81,6 @@ SUITES: dict[str, Suite] = {
         "credentials on squashing exports, a server that stops, a full server",
         ("plain3", "plain"),
         (_pytest("correctness", "tests/nfs", timeout=3600),),
-    ),
-    "smoke-native": Suite(
-        "the smoke suite with engine=native (issue 35)",
-        ("plain",),
-        (_pytest("smoke", "tests/nfs", "-m", "smoke", timeout=900, env=NATIVE),),
-    ),
-    "correctness-native": Suite(
-        "the correctness suite with engine=native (issue 35): every mount the tests start is "
-        "served by the C++ engine",
-        ("plain3", "plain"),
-        (_pytest("correctness", "tests/nfs", timeout=3600, env=NATIVE),),
     ),
     "wire": Suite(
         "the NFS RPCs per file and the time of each workload, through the mount and on NFS "

@@ -231,7 +231,7 @@ class _Event(ctypes.Structure):
 EVENT_SYNC = 1
 #: FT_EVENT_LOST: the target failed to store some of a file's data.
 EVENT_LOST = 2
-#: The reasons of FT_EVENT_SYNC, by code (the names the Python data plane's metrics use).
+#: The reasons of FT_EVENT_SYNC, by code (the names the metrics use: definitions.FSYNC_REASONS).
 SYNC_REASONS = {
     1: "batch",
     2: "release",
@@ -356,20 +356,30 @@ def library_path() -> Path:
     return Path(os.environ.get(LIBRARY_ENV) or LIBRARY)
 
 
+def libfuse_version() -> str:
+    """The version of the libfuse3 the engine runs on (the system's), or "unknown"."""
+    try:
+        fuse = ctypes.CDLL("libfuse3.so.3")
+        fuse.fuse_pkgversion.restype = ctypes.c_char_p
+        return str(fuse.fuse_pkgversion().decode())
+    except (OSError, AttributeError):
+        return "unknown"
+
+
 def load() -> ctypes.CDLL:
     path = library_path()
     if not path.exists():
         raise EngineUnavailable(
-            f"engine=native: {path} is not built (run scripts/install, or make -C {LIBRARY.parent})"
+            f"the engine: {path} is not built (run scripts/install, or make -C {LIBRARY.parent})"
         )
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as err:
-        raise EngineUnavailable(f"engine=native: cannot load {path}: {err}") from None
+        raise EngineUnavailable(f"the engine: cannot load {path}: {err}") from None
     lib.ft_engine_abi.restype = ctypes.c_int
     if lib.ft_engine_abi() != ABI:
         raise EngineUnavailable(
-            f"engine=native: {path} is of ABI {lib.ft_engine_abi()}, not {ABI}: rebuild it"
+            f"the engine: {path} is of ABI {lib.ft_engine_abi()}, not {ABI}: rebuild it"
         )
     lib.ft_engine_mount.restype = ctypes.c_void_p
     lib.ft_engine_mount.argtypes = (ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_size_t)

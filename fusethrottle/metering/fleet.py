@@ -1,11 +1,15 @@
-"""This mount's part of a fleet budget: leases from Redis, spent by the writers at the ceilings.
+"""This mount's part of a fleet budget: leases from Redis, spent by the engine's requests.
 
-Writers call :meth:`FleetShare.acquire` (through ``Ceilings.wait``): it takes tokens from the
-local lease pool (fleet_share.py) and sleeps for the pace; a write is only ever delayed, never
-failed. One background task, :meth:`FleetShare.run`, keeps the pool filled: it asks Redis
-(fleet_redis.py) for a lease shortly before the current one runs out, gives the lease back when
-the writers stop, and, when Redis cannot be reached, switches the pool to the fallback budget
-and tries to rejoin every :data:`REJOIN_INTERVAL`.
+The writers are the native engine's request threads (fleet_gate.h; the daemon hands the engine
+over with :meth:`FleetShare.spend_through`): they spend the lease on their own, up to what they
+were handed, at the pace of the share; a write is only ever delayed, never failed. One
+background task, the renewer :meth:`FleetShare.run`, keeps them fed: every tick (or at once,
+when a request waits for a lease and the engine calls :meth:`FleetShare.wake`) it debits what
+they spent from the local lease pool (fleet_share.py), asks Redis (fleet_redis.py) for a lease
+shortly before the current one runs out, gives the lease back when the writers stop, and hands
+them what is left of the lease and the pace. When Redis cannot be reached it switches the pool
+to the fallback budget (no lease needed, the fallback's pace) and tries to rejoin every
+:data:`REJOIN_INTERVAL`.
 
 A second task, :meth:`FleetShare._watch`, listens (pub/sub) for other mounts joining or
 leaving and has the renewer ask at once, so shares move within a round trip.
@@ -107,8 +111,8 @@ def default_mount_id(mountpoint: str) -> str:
 
 
 class FleetShare:
-    """This mount's share of the fleet's rate: leases from the shared bucket, and the writers
-    that spend them."""
+    """This mount's share of the fleet's rate: leases from the shared bucket, handed to the
+    writers that spend them (the spender)."""
 
     def __init__(
         self,
@@ -133,10 +137,6 @@ class FleetShare:
         self.deadline = 2 * timeout + 0.25
         self.pool = LeasePool(now=0.0)
         self._started = False
-        self._waiting = 0
-        self._changed = trio.Event()
-        self._pace_changed = trio.Event()
-        self._pace = (0.0, 0.0)
         self._wake = trio.Event()
         self._limiter = trio.CapacityLimiter(1)
         self.last_grant: Grant | None = None
@@ -151,43 +151,15 @@ class FleetShare:
         self.leases_total = 0
         self.round_trips_total = 0
         self.errors_total = 0
+        #: Requests that waited for the fleet budget, and how long: the spender's counts.
         self.waited_total = 0
         self.wait_seconds_total = 0.0
-        #: The native engine's requests, when they are the writers (spend_through).
+        #: The writers: the native engine's requests (spend_through).
         self._spender: Spender | None = None
         self._spender_seen = (0.0, 0.0)
         self._spender_waiting = 0
 
-    # --- writers -----------------------------------------------------------------------------
-    async def acquire(self, metered: float, units: float) -> float:
-        """Wait until the request fits this mount's share; returns the seconds waited."""
-        start = trio.current_time()
-        while True:
-            leased = self.pool.leasing
-            delay = self.pool.reserve(trio.current_time(), metered, units)
-            if delay is None:
-                await self._wait_for_lease()
-                continue
-            if delay <= 0:
-                break
-            # Sleep out the pace, unless the pace changes meanwhile (a mount left and this
-            # one's share grew): then queue again at the new pace instead of the old one.
-            paced = self._pace_changed
-            try:
-                with trio.move_on_after(delay) as slept:
-                    await paced.wait()
-            except BaseException:
-                self.pool.refund(trio.current_time(), metered, units, leased=leased)
-                raise
-            if slept.cancelled_caught:
-                break
-            self.pool.refund(trio.current_time(), metered, units, leased=leased)
-        waited = trio.current_time() - start
-        if waited > 0:
-            self.waited_total += 1
-            self.wait_seconds_total += waited
-        return waited
-
+    # --- the writers -------------------------------------------------------------------------
     def spend_through(self, spender: Spender) -> None:
         """The writers are *spender*'s (the native engine): it reserves on its own threads,
         and the renewer keeps it handed out (before run())."""
@@ -225,14 +197,6 @@ class FleetShare:
         self._spender.fleet_hand_out(
             (seen_metered + left_metered, seen_units + left_units), self.pool.pace()
         )
-
-    async def _wait_for_lease(self) -> None:
-        self._waiting += 1
-        self._wake.set()
-        try:
-            await self._changed.wait()
-        finally:
-            self._waiting -= 1
 
     # --- the renewer -------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -298,11 +262,11 @@ class FleetShare:
             if now < self._next_rejoin:
                 return
             self._next_rejoin = now + REJOIN_INTERVAL
-            if self._waiting or self._spender_waiting or now - pool.last_demand < 1.0:
+            if self._spender_waiting or now - pool.last_demand < 1.0:
                 await self._lease(now)
             else:  # nobody writes: check Redis without taking a share
                 await self._call_release((0.0, 0.0), rejoin=True)
-        elif pool.needs_lease(now, self._waiting + self._spender_waiting > 0):
+        elif pool.needs_lease(now, self._spender_waiting > 0):
             await self._lease(now)
         elif pool.idle(now):
             await self._call_release(pool.release())
@@ -321,7 +285,6 @@ class FleetShare:
         self.granted_metered_total += grant.metered
         self.granted_units_total += grant.units
         self._rejoined(now, grant)
-        self._notify()
 
     async def _call_release(self, back: tuple[float, float], *, rejoin: bool = False) -> None:
         grant = await self._call((0.0, 0.0), LEASE_MAX_SECONDS, give_back=back)
@@ -333,7 +296,6 @@ class FleetShare:
                 # Back on leases: the next write asks for one.
                 self.pool.leasing = True
                 self.pool.balance_metered = self.pool.balance_units = 0.0
-                self._notify()
 
     async def _call(
         self, want: tuple[float, float], hold: float, give_back: tuple[float, float] = (0.0, 0.0)
@@ -390,7 +352,6 @@ class FleetShare:
             reason,
             what,
         )
-        self._notify()
 
     def _rejoined(self, now: float, grant: Grant) -> None:
         if self.fallback_since is None:
@@ -406,15 +367,6 @@ class FleetShare:
         )
         self.fallback_since = None
         self.fallback_reason = ""
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-        pace = self.pool.statistics()
-        if (pace.pace_metered, pace.pace_units) != self._pace:
-            self._pace = (pace.pace_metered, pace.pace_units)
-            self._pace_changed.set()
-            self._pace_changed = trio.Event()
 
     # --- observability -----------------------------------------------------------------------
     def statistics(self, now: float) -> FleetStatistics:

@@ -127,10 +127,12 @@ class PoolStatistics:
 class LeasePool:
     """The tokens Redis granted to this mount, spent by its writers at the granted pace.
 
-    ``reserve`` answers a writer: ``None`` when the lease is used up (wait for the next grant),
-    else the seconds to sleep before the write may go (the pace). The balance may go into debt
-    by one request, so a request larger than what is left still passes and the next grant pays
-    for it. With ``leasing`` off (the fallback), only the pace applies.
+    The writers (the native engine's requests, fleet_gate.h) spend on their own threads: the
+    renewer debits what they took (``spent``) and hands them the ``allowance`` left and the
+    ``pace``. ``reserve`` states their rule for one request: ``None`` when the lease is used up
+    (wait for the next grant), else the seconds to sleep before the write may go (the pace). The
+    balance may go into debt by one request, so a request larger than what is left still passes
+    and the next grant pays for it. With ``leasing`` off (the fallback), only the pace applies.
     """
 
     def __init__(self, now: float) -> None:
@@ -173,15 +175,6 @@ class LeasePool:
         # that waits longer than IDLE_RELEASE would make the mount look idle and let go.
         self.last_demand = max(self.last_demand, now + delay)
         return delay
-
-    def refund(self, now: float, metered: float, units: float, *, leased: bool = True) -> None:
-        """A reserved request never went (its waiter was cancelled, or queues again at a new
-        pace): give its tokens back. *leased*: it was reserved from a lease (not the fallback)."""
-        if self.leasing and leased:
-            self.balance_metered += metered if self.limits_metered else 0.0
-            self.balance_units += units if self.limits_units else 0.0
-        self._pace_metered.refund(now, metered)
-        self._pace_units.refund(now, units)
 
     # --- writers that reserve on their own (the native engine) -------------------------------
     def spent(self, now: float, metered: float, units: float, *, busy: bool) -> None:

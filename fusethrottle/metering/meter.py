@@ -1,7 +1,8 @@
 """EFS-style metering: what each operation the daemon sends to the target costs.
 
-Pure: no I/O and no clock, so the numbers are tested exactly. The ceilings that hold a mount to
-a rate of these costs are ceilings.py (their token buckets: token_bucket.py).
+Pure: no I/O and no clock, so the numbers are tested exactly. The engine prices each request by
+these rules (handed to it at mount: engine/native.py) and holds a mount to a rate of these costs
+at its ceilings (engine/src/ceilings.cc).
 
 Why meter like Amazon EFS: EFS does not bill or throttle by bytes moved but by *metered*
 bytes and *file-operation units*. A backup that writes many small files is therefore throttled
@@ -56,8 +57,9 @@ class OpClass(enum.Enum):
 
 
 #: The metering class of each metadata request, by FUSE operation name: the one table the
-#: ceilings (ops.py) and the metrics use. read and write are data; fsync, flush, release and
-#: forget never wait at a ceiling, and anything not listed is metered as a metadata write.
+#: engine (handed it by native.py) and the metrics use. read and write are data; fsync, flush,
+#: release and forget never wait at a ceiling, and anything not listed is metered as a metadata
+#: write (a test checks that every request the engine sends to the target is listed).
 METADATA_CLASS: dict[str, OpClass] = {
     **dict.fromkeys(
         (
@@ -88,6 +90,10 @@ METADATA_CLASS: dict[str, OpClass] = {
             "setxattr",
             "removexattr",
             "create",
+            # space reserved or punched: a change of the file's layout, not data moved
+            "fallocate",
+            # a COMMIT of the directory on NFS
+            "fsyncdir",
         ),
         OpClass.META_WRITE,
     ),

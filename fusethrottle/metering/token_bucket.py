@@ -1,7 +1,7 @@
 """A rate limit with a burst, as a reservation (pure: time is an argument).
 
-Shared by the local ceilings (ceilings.py) and the pace at which a mount spends its fleet lease
-(fleet_share.py).
+The pace at which a mount's fleet share refills (fleet_share.py); the engine's ceilings keep
+their own buckets in C++ (engine/src/ceilings.h).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ async def serve_control(
     created costs the status command, never the mount: it is logged and this task idles.
     """
     info = find_mount(mountpoint, fstype=FSTYPE)
-    if info is None:  # not mounted by pyfuse3 (unit tests): nothing to name the socket after
+    if info is None:  # not mounted (unit tests): nothing to name the socket after
         task_status.started()
         return
     directory = daemon_dir()

@@ -81,8 +81,7 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
     window = s["window_bytes"] or 1
     lines = [
         f"fusethrottle on {m['mountpoint']} (source {m['source']}), pid {m['pid']}, "
-        f"up {fmt_seconds(max(0.0, now - m['started']))}, mode {m['mode']}"
-        + (", native engine" if s.get("engine") == "native" else ""),
+        f"up {fmt_seconds(max(0.0, now - m['started']))}, mode {m['mode']}",
     ]
     used = 100.0 * s["unsynced_bytes"] / window
     oldest = fmt_seconds(s["oldest_unsynced_age_seconds"]) if s["dirty_files"] else "-"

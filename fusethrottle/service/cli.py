@@ -19,9 +19,9 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from ..target.credentials import can_switch
 from .mountinfo import find_mount
 from .options import Config, OptionError, parse_options, split_options
+from .target_probe import can_switch
 
 USAGE = (
     "usage: fusethrottle SOURCE MOUNTPOINT [-o opt[,opt...]] [-f]\n"
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_mount(config)
     except KeyboardInterrupt:
         return 130
-    except RuntimeError as err:  # pyfuse3.init failures, a metrics address we cannot bind
+    except RuntimeError as err:  # a metrics address we cannot bind
         from ..observability.metrics import MetricsError
 
         if isinstance(err, MetricsError):

@@ -1,324 +1,91 @@
-"""Run one mount: build the parts, serve FUSE, and shut down without losing a byte.
+"""Run one mount: C++ threads of the engine serve every FUSE request, this process keeps the
+daemon's life (readiness, signals, the stop) and the control plane.
 
-One nursery owns every background task (flusher, signal handling, the unmount watcher, metrics,
-the watchdog). Shutdown, whichever way it starts (``fusermount3 -u``/``umount``, SIGTERM,
-SIGINT), runs in one order:
+The engine keeps the write window itself (the ledger, the gate, injected fsyncs); this process
+keeps the controller: the engine queues every injected fsync's time as an event, an eventfd wakes
+trio, the controller resizes the window and the kernel's share of it, and the engine is told the
+new window. The engine meters every request by the rules this process hands it (meter.py)
+and holds writes at the ceilings; its statistics become the Snapshot (engine_snapshot.py) behind
+``fusethrottle status`` and the Prometheus endpoint alike. With a fleet budget (budget=), this
+process renews the lease from Redis (fleet.py) and the engine's requests spend it
+(fleet_gate.h): every tick the renewer debits what they spent and hands them what is left, so no
+engine thread waits on Python.
 
-1. stop taking requests; let in-flight handlers finish (bounded: a handler stuck on a hung
-   target is abandoned after a grace period, so a dead server can never block unmount);
-2. fsync every file that holds data written since its last fsync (bounded by
-   ``unmount_timeout``; what could not be synced is logged by inode and the exit code says so);
-3. unmount, if the kernel has not already done it.
+The stop, whichever way it starts (``fusermount3 -u``/``umount``, SIGTERM, SIGINT): write the
+kernel's cache back through the engine, stop taking requests, fsync every file written since
+its last fsync (bounded by ``unmount_timeout``; what could not be synced is logged and the exit
+code says so), unmount if the kernel has not already.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import faulthandler
 import logging
-import math
 import os
+import resource
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
-import pyfuse3
 import trio
 
 from .. import _libc
-from ..adapter.kernel_pages import find_fuse_device_fd
-from ..metering.meter import Meter, profile_for
-from ..trio_compat import ABANDON_KW as _ABANDON_KW
+from ..engine.native import EngineConfig, EngineUnavailable, LostEvent, NativeEngine, SyncEvent
+from ..loglimit import LogLimiter
+from ..metering import fleet
+from ..metering.meter import profile_for
+from ..observability.metrics import Recorder, bind_endpoint, make_registry, serve_endpoint
+from ..observability.metrics.definitions import ADMISSION_BUCKETS
+from ..observability.metrics.diagnostics import run_diagnostics
+from ..observability.metrics.engine_snapshot import EngineView, engine_snapshot
+from ..observability.metrics.publisher import Publisher
+from ..observability.metrics.server import MetricsServer
+from ..observability.metrics.snapshot import RateHistory, Snapshot
+from ..observability.status_server import serve_control
+from ..trio_compat import run_sync_abandoning
+from ..window.controller import effective_window, make_controller
+from ..window.kernel_cache import KernelCache
 from . import sdnotify
-from .mount import Mount, build, fuse_options, raise_fd_limit
 from .mountinfo import find_mount
 from .options import Config
-from .placement import place
+from .placement import Placement, place
 from .readiness import stat_from_child
+from .target_probe import can_switch, target_has_xattrs
 
 log = logging.getLogger(__name__)
 
-HANDLER_GRACE = 10.0
-EXTRA_TASK_START_TIMEOUT = 10.0
-#: Largest request buffer (a 1 MiB FUSE write) and then some: see _libc.keep_request_buffers...
-REQUEST_BUFFER_MAX = 4 << 20
-#: A mount that received no request for this long gives its kept request buffers back. Short:
-#: the pauses between backups can be a second (the soak's), and a trim costs a few ms of heap
-#: walk plus page faults as the next burst takes its buffers again.
-HEAP_TRIM_IDLE = 0.5
-#: ... but at most once this often. A backup writing at a steady rate reaches the daemon in
-#: bursts with gaps of about a second (the kernel writes the mount's cache back that way), and
-#: a trim in every gap had each burst fault its buffers back in (docs/DESIGN.md, "Request
-#: buffers").
-HEAP_TRIM_INTERVAL = 10.0
-#: Longer than the kernel's longest dirty-throttling pause (200 ms): see _write_back_kernel_cache.
+#: Longer than the kernel's longest dirty-throttling pause (200 ms): see _write_back.
 CACHE_QUIET_PAUSE = 0.3
+#: How long the loop may take to notice the stop before the connection is aborted.
+LOOP_END_GRACE = 2.0
+#: Request threads of the engine at most (the kernel's max_background is 12 by default).
+MAX_THREADS = 16
 
 
-class Daemon:
-    """Serves one Mount until it is unmounted or told to stop."""
-
-    def __init__(self, mount: Mount, on_ready: Callable[[], None] | None = None) -> None:
-        self.mount = mount
-        self.on_ready = on_ready
-        self.unmounted_by_kernel = False
-        self.stopping: trio.Event | None = None  # created inside trio.run
-        self.extra_tasks: list[Callable[..., object]] = []
-        self.exit_code = 0
-        self._mount_id: str | None = None
-        #: When the whole shutdown must be over (set when it starts: unmount_timeout from then).
-        self._stop_deadline: float | None = None
-
-    async def run(self) -> int:
-        config = self.mount.config
-        self.stopping = trio.Event()
-        pyfuse3.init(self.mount.ops, config.mountpoint, fuse_options(config))
-        mounted = True
-        try:
-            info = find_mount(config.mountpoint, fstype="fuse.fusethrottle")
-            self._mount_id = info.device if info else None
-            device_fd = find_fuse_device_fd()
-            self.mount.kernel_pages.attach(device_fd)
-            if self.mount.kernel_entries is not None:
-                self.mount.kernel_entries.attach(device_fd)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.mount.kernel_pages.run)
-                if self.mount.kernel_entries is not None:
-                    await nursery.start(self.mount.kernel_entries.run)
-                await nursery.start(self.mount.budget.run)
-                await nursery.start(self.mount.flusher.run)
-                await nursery.start(self.mount.budget.keep_kernel_share)
-                await nursery.start(self.mount.ops.kills.run)
-                await nursery.start(self.mount.backend.run_closer)
-                if self.mount.fleet is not None:
-                    await nursery.start(self.mount.fleet.run)
-                nursery.start_soon(self._signals)
-                nursery.start_soon(self._announce_ready, config.mountpoint)
-                nursery.start_soon(self._watch_unmount)
-                nursery.start_soon(self._trim_heap_when_idle)
-                if sdnotify.watchdog_interval():
-                    nursery.start_soon(sdnotify.watchdog_task)
-                for extra in self.extra_tasks:
-                    # A helper task that never reports started would leave a mount nobody
-                    # serves (every access hangs); fail, and so unmount, instead.
-                    with trio.fail_after(EXTRA_TASK_START_TIMEOUT):
-                        await nursery.start(extra)
-                with trio.CancelScope() as self._serve_scope:
-                    await pyfuse3.main(max_tasks=128)
-                sdnotify.notify("STOPPING=1")
-                await self._flush_everything()
-                nursery.cancel_scope.cancel()
-        finally:
-            if not self.unmounted_by_kernel:
-                self.unmounted_by_kernel = (
-                    find_mount(config.mountpoint, device=self._mount_id) is None
-                )
-            try:
-                pyfuse3.close(unmount=mounted and not self.unmounted_by_kernel)
-            except Exception:
-                log.exception("cleaning up the FUSE session failed")
-            self.mount.inodes.close_all()
-        return self.exit_code
-
-    async def _trim_heap_when_idle(self) -> None:
-        """Once per quiet spell, return the heap kept for request buffers: a mount idle
-        between nightly backups holds what it uses, not what its busiest minute needed."""
-        ops = self.mount.ops
-        seen = trimmed = ops.requests_total
-        last_request = trio.current_time()
-        last_trim = -math.inf
-        while True:
-            await trio.sleep(HEAP_TRIM_IDLE / 4)
-            now = trio.current_time()
-            if ops.requests_total != seen:
-                seen, last_request = ops.requests_total, now
-            elif seen != trimmed and heap_trim_due(now, last_request, last_trim):
-                _libc.release_free_heap()
-                trimmed, last_trim = seen, now
-
-    async def _announce_ready(self, mountpoint: str) -> None:
-        """Ready means the mount answers: a stat through it came back."""
-        problem = await trio.to_thread.run_sync(stat_from_child, mountpoint, **_ABANDON_KW)
-        if problem is not None:
-            stopping = self.stopping is not None and self.stopping.is_set()
-            if stopping or find_mount(mountpoint, device=self._mount_id) is None:
-                # A stop or an unmount came first (a SIGTERM right after the start, on a busy
-                # host): the mount went, it did not fail.
-                log.info("the mount at %s ended before it was seen to answer", mountpoint)
-                return
-            log.error("mount at %s does not answer: %s", mountpoint, problem)
-            return
-        # Only now: the kernel applies what FUSE_INIT negotiated (read-ahead included) when
-        # the first request is answered, which would undo settings made before it.
-        self.mount.kernel_cache.attach(self._mount_id, self.mount.budget.total_window())
-        log.info(
-            "mounted %s on %s (mode=%s, batch=%d, window=%d)",
-            self.mount.config.source,
-            mountpoint,
-            self.mount.config.mode,
-            self.mount.config.batch,
-            self.mount.config.window,
-        )
-        cgroup = self.mount.memory_cgroup
-        if cgroup is not None and cgroup.path is not None:
-            log.info(
-                "page cache of the target is charged to the memory cgroup %s (limit %d MiB), "
-                "not to %s",
-                cgroup.path,
-                cgroup.limit >> 20,
-                cgroup.hierarchy.current if cgroup.hierarchy else "?",
-            )
-        elif cgroup is not None and cgroup.reason:
-            log.info("the daemon stays in its memory cgroup: %s", cgroup.reason)
-        if self.mount.direct_writes is not None:
-            log.info(
-                "writes leave nothing in the target's page cache (%s)%s",
-                self.mount.direct_writes,
-                "" if self.mount.config.writeback_cache else ", without the writeback cache",
-            )
-        sdnotify.notify("READY=1")
-        if self.on_ready is not None:
-            self.on_ready()
-
-    async def _signals(self) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-            async for signum in signals:
-                if signum == signal.SIGHUP:
-                    continue
-                log.info("%s: flushing and unmounting", signal.Signals(signum).name)
-                await self._write_back_kernel_cache()
-                self.request_stop()
-
-    async def _write_back_kernel_cache(self) -> None:
-        """Have the kernel hand over the mount's cached writes while requests are still served.
-
-        With the writeback cache, a write() the application saw succeed may still sit in the
-        mount's page cache. An unmount makes the kernel write it back before the mount goes;
-        a signal does not. So: refuse further writes into the cache (see
-        ``Operations.close_the_cache``), then syncfs on the mount, before the loop stops serving
-        the FUSE_WRITEs that carry those pages (bounded like the final fsyncs). A write() that
-        was already copying into the cache when it closed may go on dirtying pages (a large one,
-        or one paused by the kernel's dirty throttling, at most 200 ms at a time), so syncfs is
-        repeated until one that follows a quiet pause brings nothing more.
-        """
-        if not self.mount.config.writeback_cache:
-            return
-        mountpoint = self.mount.config.mountpoint
-        fd: int | None = None
-        try:
-            # Opened before the cache closes: afterwards the kernel could not check the path.
-            # The open asks this daemon, which may ask a hung target: bounded like the rest.
-            deadline = self._shutdown_deadline()
-            with trio.move_on_at(deadline):
-                fd = await trio.to_thread.run_sync(
-                    os.open, mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, **_ABANDON_KW
-                )
-        except OSError as err:
-            log.error("cannot write back the kernel's cache of %s: %s", mountpoint, err)
-            return
-        if fd is None:
-            log.error(
-                "cannot write back the kernel's cache of %s: the mount did not answer", mountpoint
-            )
-            return
-        self.mount.ops.close_the_cache()
-        ledger = self.mount.ledger
-        try:
-            with trio.move_on_at(deadline):
-                await trio.to_thread.run_sync(_libc.syncfs, fd, **_ABANDON_KW)
-                while True:
-                    before = ledger.written_total
-                    await trio.sleep(CACHE_QUIET_PAUSE)
-                    await trio.to_thread.run_sync(_libc.syncfs, fd, **_ABANDON_KW)
-                    if ledger.written_total == before:
-                        break
-        except OSError as err:
-            log.error("writing back the kernel's cache of %s failed: %s", mountpoint, err)
-        finally:
-            os.close(fd)
-
-    def request_stop(self) -> None:
-        if self.stopping is not None and not self.stopping.is_set():
-            self.stopping.set()
-            pyfuse3.terminate()
-
-    async def _watch_unmount(self) -> None:
-        """Notice an unmount (or a stop request) and bound how long stuck handlers may take."""
-        while True:
-            with trio.move_on_after(1.0):
-                await self.stopping.wait()
-            if self.stopping.is_set():
-                break
-            gone = await trio.to_thread.run_sync(
-                lambda: find_mount(self.mount.config.mountpoint, device=self._mount_id) is None
-            )
-            if gone:
-                self.unmounted_by_kernel = True
-                log.info("%s was unmounted", self.mount.config.mountpoint)
-                break
-        await trio.sleep(HANDLER_GRACE)
-        log.warning(
-            "requests still stuck on the target after %.0fs; abandoning them", HANDLER_GRACE
-        )
-        self._serve_scope.cancel()
-
-    def _removed(self, nodeid: int) -> bool:
-        inode = self.mount.inodes.get(nodeid)
-        return inode is not None and inode.removed is not None
-
-    def _shutdown_deadline(self) -> float:
-        """unmount_timeout from when the shutdown began (a signal, or the kernel's unmount)."""
-        if self._stop_deadline is None:
-            self._stop_deadline = trio.current_time() + self.mount.config.unmount_timeout
-        return self._stop_deadline
-
-    async def _flush_everything(self) -> None:
-        ledger = self.mount.ledger
-        with trio.move_on_at(self._shutdown_deadline()) as scope:
-            failed = await self.mount.flusher.flush_all("unmount")
-            await self.mount.backend.closes_made()
-        if scope.cancelled_caught:
-            failed = [n for n, s in ledger.files.items() if s.unsynced > 0]
-        # A failed injected fsync nobody was told of lost data, even if a retry then "succeeded"
-        # (the target had already dropped the pages it could not write); unless the file is gone.
-        failed += [
-            n
-            for n, s in ledger.files.items()
-            if s.error is not None and n not in failed and not self._removed(n)
-        ]
-        if failed:
-            for nodeid in failed:
-                state = ledger.file(nodeid)
-                error = state.error if state is not None else None
-                log.error(
-                    "not on the target: %s (%s)",
-                    self.mount.inodes.path(nodeid),
-                    os.strerror(error) if error is not None else "the target did not answer",
-                )
-            log.error(
-                "%d file(s) could not be synced before exit: %s",
-                len(failed),
-                "target did not answer in time" if scope.cancelled_caught else "fsync failed",
-            )
-            self.exit_code = 1
-        else:
-            snap = self.mount.ledger.snapshot(trio.current_time())
-            log.info("all data synced (%d bytes written through this mount)", snap.written_total)
-        # Files the target failed to store while mounted, whose writers were told: the exit
-        # status does not count them, but the operator needs their names all the same.
-        for nodeid, error in ledger.lost.items():
-            if nodeid not in failed and not self._removed(nodeid):
-                log.warning(
-                    "incomplete on the target: %s (%s; the error went to its writer)",
-                    self.mount.inodes.path(nodeid),
-                    os.strerror(error),
-                )
+def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
+    """Mount and serve until unmounted; returns the process exit code."""
+    os.umask(0)  # the kernel already applied the caller's umask to every mode we receive
+    raise_fd_limit()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Before anything touches the target: its page cache is charged to whoever writes it.
+    placement = place(config)
+    try:
+        return serve_placed(placement, on_ready)
+    finally:
+        placement.cgroup.leave()
 
 
 def configure_logging(level: str, foreground: bool) -> None:
+    """stderr in the foreground and under systemd (the journal), syslog otherwise."""
     root = logging.getLogger()
     root.setLevel(getattr(logging, level.upper()))
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
+    for old in list(root.handlers):
+        root.removeHandler(old)
     if foreground or os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
         handler: logging.Handler = logging.StreamHandler(sys.stderr)
         if os.environ.get("JOURNAL_STREAM"):
@@ -339,42 +106,511 @@ def configure_logging(level: str, foreground: bool) -> None:
     root.addHandler(handler)
 
 
-def heap_trim_due(now: float, last_request: float, last_trim: float) -> bool:
-    """Whether a mount that received requests since its last trim gives its heap back now:
-    quiet for ``HEAP_TRIM_IDLE``, and no trim for ``HEAP_TRIM_INTERVAL`` (pure)."""
-    return now - last_request >= HEAP_TRIM_IDLE and now - last_trim >= HEAP_TRIM_INTERVAL
-
-
-def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
-    """Mount and serve until unmounted; returns the process exit code."""
-    os.umask(0)  # the kernel already applied the caller's umask to every mode we receive
-    raise_fd_limit()
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    # Before anything touches the target: its page cache is charged to whoever writes it.
-    placement = place(config)
-    config = placement.config
-    try:
-        if config.engine == "native":
-            from .native_daemon import serve_native
-
-            return serve_native(placement, on_ready)
-        _libc.keep_request_buffers_in_the_heap(REQUEST_BUFFER_MAX)
-        from ..observability.metrics import attach_metrics
-
-        meter = Meter(profile_for(config))  # one per mount: the ceilings' and the metrics'
-        events, observer, extra = attach_metrics(config, meter)
-        mount = build(config, events, observer, meter, placement.direct_writes)
-        mount.memory_cgroup = placement.cgroup
-        mount.direct_writes = placement.direct_writes
-        daemon = Daemon(mount, on_ready)
-        daemon.extra_tasks = extra(mount)
+def raise_fd_limit() -> None:
+    """Each inode the kernel remembers holds one O_PATH descriptor in the engine: allow many."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if os.geteuid() == 0:
         try:
-            return trio.run(daemon.run)
-        except OSError as err:
-            log.error("fusethrottle: %s", err)
-            return 1
+            with open("/proc/sys/fs/nr_open") as f:
+                target = max(hard, int(f.read()))
+        except OSError:
+            pass
+    for limit in (target, hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, max(limit, hard)))
+            return
+        except (ValueError, OSError):
+            continue
+
+
+def fuse_options(config: Config) -> set[str]:
+    """The mount options the kernel is given (what ``findmnt`` shows for the mount)."""
+    options = {
+        f"fsname={config.fsname or config.source}",
+        "subtype=fusethrottle",
+    }
+    if config.permissions == "kernel":
+        options.add("default_permissions")
+    if config.allow_other:
+        options.add("allow_other")
+    if config.read_only:
+        options.add("ro")
+    options.update(config.kernel_options)
+    return options
+
+
+def serve_xattrs(config: Config) -> bool:
+    """xattrs=auto: exactly when the target stores them (NFSv3 and EFS do not)."""
+    if config.xattrs != "auto":
+        return config.xattrs == "on"
+    fd = os.open(config.source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return target_has_xattrs(fd)
     finally:
-        placement.cgroup.leave()
+        os.close(fd)
 
 
-__all__ = ["Daemon", "Mount", "build", "configure_logging", "serve"]
+def engine_config(config: Config, uncached: bool = False) -> EngineConfig:
+    """The engine's settings for *config*; *uncached*: writes leave no page in the target's
+    page cache (placement.direct_writes says why)."""
+    switching = config.credentials == "caller" and can_switch()
+    return EngineConfig(
+        source=os.path.realpath(config.source),
+        mountpoint=config.mountpoint,
+        fuse_options=tuple(sorted(fuse_options(config))),
+        writeback_cache=config.writeback_cache,
+        attr_timeout=config.attr_timeout,
+        max_threads=max(MAX_THREADS, config.threads),
+        switch_credentials=switching,
+        xattrs=serve_xattrs(config),
+        enforce=config.mode != "off",
+        # Until the first fsync has measured the target (controller.effective_window).
+        window=effective_window(config.window, None),
+        batch=config.batch,
+        max_age=config.max_age,
+        admission_timeout=config.admission_timeout,
+        writeback_pieces=config.writeback_pieces,
+        drop_synced=config.drop_synced,
+        # The target removes set-ID bits itself only when it sees the writer: calls made as the
+        # caller, or a mount nobody but the daemon's user writes to.
+        killpriv_v2=switching or not config.allow_other,
+        target_decides=config.permissions == "target",
+        meter=profile_for(config),
+        metered_limit=config.metered_limit,
+        ops_limit=config.ops_limit,
+        throttle_reads=config.throttle_reads,
+        fleet=config.budget is not None,
+        admission_bounds=ADMISSION_BUCKETS,
+        uncached=uncached,
+    )
+
+
+def serve_placed(placement: Placement, on_ready: Callable[[], None] | None = None) -> int:
+    """Mount with the engine and serve until unmounted; returns the exit code."""
+    config = placement.config
+    # Bound before the mount: a bad address or a port in use fails it (MetricsError, one line).
+    server = bind_endpoint(config.metrics) if config.metrics else None
+    try:
+        engine = NativeEngine.mount(engine_config(config, placement.direct_writes is not None))
+    except (EngineUnavailable, OSError) as err:
+        log.error("fusethrottle: %s", err)
+        if server is not None:
+            server.server_close()
+        return 1
+    daemon = Daemon(engine, placement, on_ready, server)
+    try:
+        code = trio.run(daemon.run)
+    finally:
+        if not daemon.abandoned:
+            engine.free()
+    if daemon.abandoned:
+        # Threads the target holds are inside the engine: it cannot be freed, and the
+        # interpreter's exit would wait on nothing it can end. Everything is said: go.
+        logging.shutdown()
+        os._exit(code)
+    return code
+
+
+class Daemon:
+    """Waits on the engine's loop (in a thread) and stops it when told to."""
+
+    def __init__(
+        self,
+        engine: NativeEngine,
+        placement: Placement,
+        on_ready: Callable[[], None] | None,
+        server: MetricsServer | None = None,
+    ) -> None:
+        self.engine = engine
+        self.placement = placement
+        self.config = placement.config
+        self.on_ready = on_ready
+        self.exit_code = 0
+        self._device: str | None = None
+        self._served = trio.Event()
+        #: Where serve() waits: cancelled when its threads stay stuck on the target after the
+        #: connection was aborted (the loop cannot end while one of them waits).
+        self._serving = trio.CancelScope()
+        #: When the stop's bound (unmount_timeout) runs out: the end's fsyncs too.
+        self._end_deadline: float | None = None
+        #: serve() or the end's fsyncs were left to threads the target holds: the engine can
+        #: be neither joined nor freed, the process exits around them.
+        self.abandoned = False
+        self._stopping = False
+        self._said_stopping = False
+        self.controller = make_controller(self.config)
+        self.kernel_cache = KernelCache(
+            enabled=self.config.writeback_cache and self.config.mode != "off",
+            limit=self.config.kernel_cache,
+            read_ahead=self.config.read_ahead,
+        )
+        self._total = effective_window(self.controller.window, self.controller.commit_rate)
+        self._error_log = LogLimiter(60.0)  # a line per file a minute
+        #: Files the target failed to store data of (node -> path, errno), named at exit.
+        self._lost: dict[int, tuple[str, int]] = {}
+        #: The injected fsyncs the engine reported, as the metrics' histograms.
+        self._fsyncs = Recorder()
+        #: This mount's share of the fleet budget (budget=), spent by the engine's requests.
+        self.fleet = fleet.from_config(self.config)
+        if self.fleet is not None:
+            self.fleet.spend_through(engine)
+        self.metrics = Publisher(self.config, self._snapshot)
+        self._server = server
+
+    async def run(self) -> int:
+        info = find_mount(self.config.mountpoint, fstype="fuse.fusethrottle")
+        self._device = info.device if info else None
+        await trio.to_thread.run_sync(self.kernel_cache.attach, self._device, self._total)
+        self._hand_window()
+        async with trio.open_nursery() as nursery:
+            if self.fleet is not None:
+                await nursery.start(self.fleet.run)
+            nursery.start_soon(self._signals)
+            nursery.start_soon(self._control)
+            await nursery.start(self.metrics.run_publisher)
+            if self._server is not None:
+                registry = make_registry(self.metrics)
+                await nursery.start(partial(serve_endpoint, self._server, registry))
+            # Before the engine serves: once the mount answers, status answers too (a query
+            # right after the mount came up found no socket yet, now and then).
+            await nursery.start(serve_control, self.config.mountpoint, self.metrics.status)
+            nursery.start_soon(run_diagnostics)
+            nursery.start_soon(self._announce_ready)
+            nursery.start_soon(self._watch_unmount)
+            if sdnotify.watchdog_interval():
+                nursery.start_soon(sdnotify.watchdog_task)  # pings from the event loop
+            rc: int | None = None
+            with self._serving:
+                rc = await run_sync_abandoning(self.engine.serve)
+            self._served.set()
+            self._say_stopping()  # an unmount from outside ends the loop without a stop()
+            nursery.cancel_scope.cancel()
+        if rc is None:
+            self.abandoned = True  # its threads are stuck on the target (see stop)
+        elif rc not in (0, -errno.EINTR):
+            log.error("the engine's request loop failed: %s", os.strerror(-rc))
+            self.exit_code = 1
+        await self._sync_everything()
+        return self.exit_code
+
+    async def _sync_everything(self) -> None:
+        """After the last request: fsync every file written since its last fsync (an unmount
+        wrote the kernel's cache back first)."""
+        failed: int | None = None
+        # unmount_timeout bounds the whole stop, the end's fsyncs too (from the unmount when the
+        # mount was taken away from outside).
+        end = self._end_deadline or trio.current_time() + self.config.unmount_timeout
+        with trio.move_on_at(end):
+            failed = await run_sync_abandoning(self.engine.sync_all)
+        if failed is None:
+            # The target holds the end's fsyncs: name what it does not have, and go (the
+            # threads it holds are left to it; the process exits around them).
+            self.abandoned = True
+            unsynced = self._name_unsynced()
+            log.error(
+                "%d file(s) could not be synced before exit: the target did not answer in time",
+                len(unsynced),
+            )
+            self.exit_code = 1
+            return
+        stats = self.engine.stats()
+        log.info(
+            "%d injected fsync(s), %d failed; %d write(s) waited for room in the window, "
+            "%d timed out; at most %d MiB were un-synced at once",
+            stats.fsyncs,
+            stats.fsync_errors,
+            stats.throttled_writes,
+            stats.admission_timeouts,
+            stats.unsynced_high >> 20,
+        )
+        for event in self.engine.read_events():  # the end's own syncs
+            if isinstance(event, LostEvent):
+                self._lost_data(event)
+        named: set[str] = set()
+        if failed:
+            named = self._name_unsynced()
+            log.error("%d file(s) written through the mount could not be synced", failed)
+            self.exit_code = 1
+        else:
+            log.info("all data synced")
+        # Whose writers were told: the exit status does not count them, the operator needs
+        # their names all the same (once: those named above are not).
+        for path, error in self._lost.values():
+            if path not in named:
+                log.warning("incomplete on the target: %s (%s)", path, os.strerror(error))
+
+    def _name_unsynced(self) -> set[str]:
+        """Log every file whose data is not on the target, one line each: their paths."""
+        unsynced = self.engine.unsynced()
+        for path, error in unsynced:
+            reason = os.strerror(error) if error else "the target did not answer"
+            log.error("not on the target: %s (%s)", path, reason)
+        return {path for path, _ in unsynced}
+
+    # -- the controller ----------------------------------------------------------------------
+
+    async def _control(self) -> None:
+        """Feed the controller every injected fsync the engine reports, and hand the engine
+        the window it decides (less the kernel's share of it)."""
+        fd = self.engine.events_fd()
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            with contextlib.suppress(BlockingIOError):
+                os.read(fd, 8)
+            if self.fleet is not None:
+                self.fleet.wake()  # a request may wait for a lease (the engine pokes then)
+            self._take_events()
+            total = effective_window(self.controller.window, self.controller.commit_rate)
+            if total != self._total:
+                self._total = total
+                # A sysfs write can wait (on the bdi's lock): never on the event loop.
+                await trio.to_thread.run_sync(self.kernel_cache.update, total)
+            self._hand_window()
+
+    def _take_events(self) -> None:
+        """Every event the engine queued: fsyncs to the controller and the histograms, lost
+        data to the log (on the event loop)."""
+        events = self.engine.read_events()
+        if not events:
+            return
+        stats = self.engine.stats()
+        for event in events:
+            if isinstance(event, LostEvent):
+                self._lost_data(event)
+            else:
+                self._sampled(event, stats.unsynced_bytes, stats.window_bytes)
+
+    def _snapshot(self, history: RateHistory, now: float, sample: bool) -> Snapshot:
+        """The mount now, as status and the metrics show it (on the event loop): the events
+        queued meanwhile first, so every fsync that ended is in it."""
+        self._take_events()
+        view = EngineView(
+            self.engine.stats(),
+            self.engine.errors(),
+            self.controller,
+            self._total,
+            self.kernel_cache.statistics().limit_bytes,
+            self.fleet.statistics(now) if self.fleet is not None else None,
+        )
+        return engine_snapshot(
+            self.config,
+            self.placement,
+            view,
+            self._fsyncs,
+            history,
+            started=self.metrics.started,
+            now=now,
+            sample=sample,
+        )
+
+    def _sampled(self, event: SyncEvent, unsynced: int, window: int) -> None:
+        self._fsyncs.fsync(event.reason, event.seconds, event.nbytes, event.error or None)
+        if event.reason == "application":
+            return  # shown; the controller learns from the fsyncs it decides on
+
+        if event.error == 0:
+            self.controller.on_sample(event.at, event.nbytes, event.seconds, unsynced, window)
+            return
+        if event.error == errno.ESTALE:
+            log.info(
+                "injected fsync (%s) of node %#x: the file is gone from the target (deleted by "
+                "another writer); its %d un-synced bytes are dropped",
+                event.reason,
+                event.node,
+                event.nbytes,
+            )
+            return
+        self.controller.on_error(event.at, event.error)
+        if self._error_log.allow(event.node, event.at):
+            log.error(
+                "injected fsync (%s) of node %#x failed: %s; data kept as un-synced, the error "
+                "goes to the application's next fsync or close",
+                event.reason,
+                event.node,
+                os.strerror(event.error),
+            )
+
+    def _lost_data(self, event: LostEvent) -> None:
+        if event.node in self._lost:
+            return
+        self._lost[event.node] = (event.path, event.error)
+        log.error(
+            "the target failed to store data of %s: %s (the error went to its writer)",
+            event.path,
+            os.strerror(event.error),
+        )
+
+    def _hand_window(self) -> None:
+        self.engine.set_window(
+            self.kernel_cache.ledger_window(self._total), self.controller.commit_rate
+        )
+
+    async def _announce_ready(self) -> None:
+        mountpoint = self.config.mountpoint
+        problem = await run_sync_abandoning(stat_from_child, mountpoint)
+        if problem is not None:
+            if self._served.is_set() or self._stopping:
+                # A stop came first (a SIGTERM right after the start, on a busy host; the stop
+                # refuses everything new, the check too): the mount went, it did not fail.
+                log.info("the mount at %s ended before it was seen to answer", mountpoint)
+                return
+            log.error("mount at %s does not answer: %s", mountpoint, problem)
+            return
+        if self._device is not None:
+            # The kernel's dirty share was set before the first request; the read-ahead only
+            # holds once FUSE_INIT is answered (KernelCache.set_read_ahead), which it now is.
+            await trio.to_thread.run_sync(self.kernel_cache.set_read_ahead, self._device)
+        stats = self.engine.stats()
+        log.info(
+            "mounted %s on %s with the native engine (writeback cache %s, mode %s, window "
+            "%d MiB, batch %d MiB)",
+            self.config.source,
+            mountpoint,
+            "on" if stats.writeback_cache else "off",
+            self.config.mode,
+            self._total >> 20,
+            self.config.batch >> 20,
+        )
+        cgroup = self.placement.cgroup
+        if cgroup.path is not None:
+            log.info("page cache of the target is charged to the memory cgroup %s", cgroup.path)
+        elif cgroup.reason:
+            log.info("the daemon stays in its memory cgroup: %s", cgroup.reason)
+        if self.placement.direct_writes is not None:
+            log.info(
+                "writes leave nothing in the target's page cache (%s)%s",
+                self.placement.direct_writes,
+                "" if self.config.writeback_cache else ", without the writeback cache",
+            )
+        sdnotify.notify("READY=1")
+        if self.on_ready is not None:
+            self.on_ready()
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    continue
+                log.info("%s: flushing and unmounting", signal.Signals(signum).name)
+                await self.stop()
+
+    async def stop(self) -> None:
+        """Close the cache, have the kernel write back what it holds while the engine still
+        serves (until a pass brings nothing new), unmount, and end the loop: at once if the
+        kernel holds on (a file still open), by aborting the connection. Bounded by
+        unmount_timeout."""
+        self._say_stopping()
+        self._stopping = True
+        deadline = trio.current_time() + self.config.unmount_timeout
+        self._end_deadline = deadline
+        fd: int | None = None
+        with trio.move_on_at(deadline):
+            try:
+                fd = await run_sync_abandoning(
+                    os.open, self.config.mountpoint, os.O_RDONLY | os.O_DIRECTORY
+                )
+            except OSError as err:
+                log.error("cannot write back the kernel's cache: %s", err)
+                self.exit_code = 1
+        await trio.to_thread.run_sync(self.engine.close_the_cache)
+        try:
+            if fd is not None:
+                with trio.move_on_at(deadline):
+                    await self._write_back(fd)
+            await trio.to_thread.run_sync(self.engine.stop)
+            if fd is not None:
+                # The loop notices the stop when it takes its next request: this one (the
+                # attributes were expired, so the kernel must ask; the answer is ENOTCONN, from
+                # the engine alone: no call to the target, so it cannot hang this thread).
+                with trio.move_on_after(LOOP_END_GRACE):
+                    await run_sync_abandoning(_poke, fd)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        await self._end_the_loop(deadline)
+
+    def _say_stopping(self) -> None:
+        """Tell systemd, once, that the daemon stops (its final syncs follow, not a crash)."""
+        if not self._said_stopping:
+            self._said_stopping = True
+            sdnotify.notify("STOPPING=1")
+
+    async def _end_the_loop(self, deadline: float) -> None:
+        """Once the loop was told to end: give it a moment, then abort the connection, then
+        leave it to the threads the target holds (they cannot be ended: the engine is not
+        freed, the process exits around them, *deadline* bounds the end's fsyncs)."""
+        with trio.move_on_after(LOOP_END_GRACE):
+            await self._served.wait()
+            return
+        self._abort()
+        with trio.move_on_after(LOOP_END_GRACE):
+            await self._served.wait()
+            return
+        # Their callers were answered (interrupted, or the connection aborted); what they
+        # leave not on the target is named with the end's fsyncs.
+        log.info("request threads stuck on the target after the connection was aborted: left to it")
+        self._end_deadline = deadline
+        self._serving.cancel()
+
+    async def _watch_unmount(self) -> None:
+        """An unmount from outside (umount -l, fusermount3 -uz) ends the loop only once no
+        request is left; one the target holds would keep the daemon forever: bound it."""
+        mountpoint, device = self.config.mountpoint, self._device
+        if device is None:
+            return
+        while True:
+            await trio.sleep(1.0)
+            gone = await run_sync_abandoning(lambda: find_mount(mountpoint, device=device) is None)
+            if self._stopping:
+                return  # the stop ends the loop itself
+            if gone:
+                break
+        log.info("%s was unmounted", mountpoint)
+        self._say_stopping()
+        await self._end_the_loop(trio.current_time() + self.config.unmount_timeout)
+
+    async def _write_back(self, fd: int) -> None:
+        """syncfs on the mount until a pass brings nothing new (a write() already copying
+        into the cache when it closed may dirty pages for up to 200 ms more)."""
+        try:
+            while True:
+                before = self.engine.stats().written_bytes
+                await run_sync_abandoning(_libc.syncfs, fd)
+                await trio.sleep(CACHE_QUIET_PAUSE)
+                await run_sync_abandoning(_libc.syncfs, fd)
+                if self.engine.stats().written_bytes == before:
+                    return
+        except OSError as err:
+            log.error("writing back the kernel's cache failed: %s", err)
+            self.exit_code = 1
+
+    def _abort(self) -> None:
+        """End a connection the loop cannot leave by itself (every thread waits on a hung
+        target): the kernel fails what is still waiting, with nothing acknowledged lost."""
+        if self._device is None:
+            return
+        minor = self._device.partition(":")[2]
+        control = Path("/sys/fs/fuse/connections")
+        # fusectl for the moment if nobody has it mounted, and unmounted again after.
+        mounted = not (control / minor).exists() and (
+            subprocess.run(
+                ["mount", "-t", "fusectl", "fusectl", str(control)], capture_output=True
+            ).returncode
+            == 0
+        )
+        try:
+            (control / minor / "abort").write_text("1")
+            log.info("the FUSE connection %s was aborted to end the request loop", minor)
+        except FileNotFoundError:
+            log.info("the FUSE connection %s has ended already", minor)
+        except OSError as err:
+            log.error("cannot abort the FUSE connection %s: %s", minor, err)
+        finally:
+            if mounted:
+                subprocess.run(["umount", str(control)], capture_output=True)
+
+
+def _poke(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.fstat(fd)

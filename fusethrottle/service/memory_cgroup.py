@@ -274,8 +274,8 @@ def _remove_stale(parent: Path) -> None:
 
 
 def direct_target_writes(mode: str, cgroup: OwnMemoryCgroup, in_memory: str | None) -> str | None:
-    """Why the daemon writes to the target uncached (target_io, see target_calls
-    _pwrite_uncached), or None: through the target's page cache (pure).
+    """Why the daemon writes to the target uncached (target_io, see the engine's
+    write_uncached in engine/src/ops.cc), or None: through the target's page cache (pure).
 
     ``auto`` writes uncached exactly where the target's page cache would be charged to a memory
     cgroup shared with the application (the container case, or memory_cgroup=off): there the

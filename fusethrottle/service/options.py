@@ -126,8 +126,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 XATTR_MODES = ("auto", "on", "off")
 MEMORY_CGROUP_MODES = ("auto", "off")
 TARGET_IO_MODES = ("auto", "buffered", "direct")
-#: Which data plane serves the mount's requests: the Python one (pyfuse3), or the C++ engine.
-ENGINES = ("python", "native")
 #: Whom calls to the target run as (credentials.py): the process that asked, or the daemon.
 CREDENTIAL_MODES = ("caller", "daemon")
 #: Who decides whether a caller may: the kernel, from the attributes (default_permissions), or
@@ -160,7 +158,7 @@ class Config:
     fsname: str = ""
     credentials: str = "caller"
     permissions: str = "kernel"
-    # memory (see memory_cgroup.py and flusher.py)
+    # memory (see memory_cgroup.py and the engine's flusher.cc)
     memory_cgroup: str = "auto"
     memory_cgroup_limit: int = 0  # 0: window_max + MEMORY_CGROUP_HEADROOM
     writeback_pieces: bool = True
@@ -193,9 +191,6 @@ class Config:
     budget_password_file: str = ""  # else $FUSETHROTTLE_BUDGET_PASSWORD_FILE, else none
     budget_ca: str = ""  # CA file for rediss:// (default: the system's)
     budget_timeout: float = 0.5
-    # which data plane serves the requests: the C++ engine (issue 35), or the Python one it
-    # replaces (pyfuse3), kept until it is deleted
-    engine: str = "native"
     # observability
     metrics: str = ""
     log_level: str = "info"
@@ -283,7 +278,6 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "memory_cgroup": _choice(MEMORY_CGROUP_MODES),
     "memory_cgroup_limit": parse_size,
     "target_io": _choice(TARGET_IO_MODES),
-    "engine": _choice(ENGINES),
     "mode": _choice(MODES),
     "batch": parse_size,
     "window": parse_size,
@@ -325,6 +319,18 @@ def split_options(groups: Iterable[str]) -> list[str]:
     return [item.strip() for group in groups for item in group.split(",") if item.strip()]
 
 
+def _check_engine(raw: str) -> None:
+    """engine=native, from mounts set up while two data planes existed, still mounts (there
+    is one now); engine=python names the removed one: say so rather than mount something else."""
+    if raw == "python":
+        raise OptionError(
+            "option engine=python: the Python data plane was removed; the native engine serves "
+            "every mount (drop the option)"
+        )
+    if raw != "native":
+        raise OptionError(f"option engine: {raw!r} is not native (the only data plane)")
+
+
 def parse_options(items: Iterable[str], **base: object) -> Config:
     """Build a :class:`Config` from ``key`` / ``key=value`` items, rejecting unknown ones."""
     values: dict[str, object] = dict(base)
@@ -341,6 +347,9 @@ def parse_options(items: Iterable[str], **base: object) -> Config:
             continue
         if key == "default_permissions" and not eq:
             continue  # always on
+        if key == "engine":
+            _check_engine(raw)
+            continue
         if key == "writeback_cache" and raw == "auto":
             values.pop(key, None)  # the default: decided with the daemon's placement
             values["writeback_cache_auto"] = True

@@ -1,10 +1,11 @@
 """Window controllers: how many un-synced bytes one mount may hold.
 
-Pure: time is an argument, there is no I/O, no clock and no trio, so the flusher calls these from
-the event loop and tests feed them made-up samples. One sample per completed fsync:
+Pure: time is an argument, there is no I/O, no clock and no trio, so the daemon calls these from
+the event loop (service/daemon.py, one call per fsync event of the engine) and tests feed them
+made-up samples. One sample per completed injected fsync:
 ``on_sample(now, nbytes, seconds, in_flight, admitted)``, where ``in_flight`` is the mount's
-un-synced bytes once this fsync's bytes are gone (``ledger.unsynced`` after ``end_sync``) and
-``admitted`` the most the gate admits to the target (the window less the kernel's share of it).
+un-synced bytes once this fsync's bytes are gone (the engine's ledger, as its event reports it)
+and ``admitted`` the most the gate admits to the target (the window less the kernel's share).
 
 ``StaticController`` keeps the configured window (``mode=static`` and ``mode=off``): the baseline
 every benchmark compares against.
@@ -39,7 +40,7 @@ Rules, in order:
 4. Otherwise move ``smoothing`` of the way toward W*. Shrink only when the latest sample *and*
    the 5-sample mean both say "too big"; grow only when both say "too small", and only while at
    least half of what the gate admits is in use (a writer slower than the target needs no
-   bigger window; the kernel's share of the window is out of the ledger's sight).
+   bigger window; the kernel's share of the window is out of the engine's ledger's sight).
    When both say W* is at least twice the window, move half of the way (after a stall or a
    speed-up the window is far too small, and the target idles while it grows).
 5. Every update made while the window is in use and not held adds a small fixed step
@@ -99,7 +100,8 @@ class ControllerState:
 
 
 class Controller(Protocol):
-    """What the flusher feeds, and what the gate, the metrics and the bench read."""
+    """What the engine's fsync events feed, and what the engine's gate, the metrics and the
+    bench read."""
 
     @property
     def window(self) -> int:
@@ -442,3 +444,17 @@ def make_controller(config: Config) -> Controller:
             drain_s=config.drain,
         )
     return StaticController(config.window)
+
+
+#: What is admitted until the first fsync has measured the target (see effective_window).
+STARTUP_WINDOW = 16 << 20
+
+
+def effective_window(window: int, commit_rate: float | None) -> int:
+    """Slow start: until one fsync has shown how fast the target commits, admit little.
+
+    Without it the first write burst fills the whole window before anything is known, and the
+    first fsync (which writes back everything dirty in the file, not just one batch) then holds
+    the writer for window / target speed: ten seconds at 256 MiB and 20 MiB/s.
+    """
+    return window if commit_rate is not None else min(window, STARTUP_WINDOW)

@@ -1,6 +1,6 @@
-// Calls against the target run as the process that asked for them (see
-// fusethrottle/target/credentials.py for why): per thread, so one worker's caller is never
-// another's.
+// Calls against the target run as the process that asked for them (an NFS export that squashes
+// root would refuse the daemon's own root; README "credentials"): per thread, so one request
+// thread's caller is never another's.
 #pragma once
 
 #include <fuse_lowlevel.h>

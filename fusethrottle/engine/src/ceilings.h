@@ -1,8 +1,8 @@
 // The optional ceilings on metered bytes/s and op units/s (metered_limit=, ops_limit=): two
 // token buckets every write pays into before it reaches the target (reads and metadata too
 // with throttle_reads), priced by the meter. A request over its budget waits on its own
-// thread (a delayed reply, never an error), as at the window's gate. The same rules as
-// fusethrottle/metering/token_bucket.py and ceilings.py.
+// thread (a delayed reply, never an error), as at the window's gate. The bucket is the same as
+// fusethrottle/metering/token_bucket.py's (which paces the fleet share).
 #pragma once
 
 #include <condition_variable>
@@ -39,7 +39,8 @@ struct CeilingStats {
 
 class Ceilings {
  public:
-  // A quarter of a second of budget may be spent at once (ceilings.py: BURST_SECONDS).
+  // A quarter of a second of budget may be spent at once (tests/test_ceilings.py and
+  // bench/ceilings.py count on it: BURST_SECONDS).
   static constexpr double kBurstSeconds = 0.25;
 
   Ceilings(double metered_limit, double ops_limit, bool throttle_reads, double now);

@@ -85,7 +85,7 @@ class Engine {
   FleetGate& fleet() { return fleet_; }
   const Relief& relief() const { return relief_; }
   // A request of *op* moving *nbytes* waits here until the fleet's share and then the local
-  // ceilings let it go (a write waits for the tighter of the two, as ceilings.py).
+  // ceilings let it go (a write waits for the tighter of the two).
   void pay(ft_engine_op op, uint64_t nbytes) {
     if ((!ceilings_.active() && !fleet_.on()) || !meter_.may_wait(op)) return;
     OpClass cls = meter_.class_of(op);

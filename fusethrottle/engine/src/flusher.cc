@@ -153,7 +153,7 @@ void Flusher::run(std::vector<SyncJob>& jobs) {
     in_flight_--;
     fsyncs_++;
     // The mount's own copy too (drop_synced), of a file synced on its own: a group of small
-    // released files is not (the Python data plane's rule).
+    // released files is not (that would be one notification to the kernel per small file).
     bool ranged = job.lo >= 0 && job.hi > job.lo;
     if (error == 0 && job.drop && ranged && jobs.size() == 1 && job.reason != SyncReason::kEnd &&
         job.reason != SyncReason::kForget) {

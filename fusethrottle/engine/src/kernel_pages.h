@@ -8,7 +8,7 @@
 // drop them: FUSE_NOTIFY_INVAL_INODE names a node and a byte range. The kernel writes back a
 // page in the range that is dirty again first, through this engine's request threads, and a
 // notification may wait for them: so a thread of its own sends them, never a request's or a
-// sync's. The same rule as the Python data plane's (fusethrottle/adapter/kernel_pages.py).
+// sync's.
 #pragma once
 
 #include <fuse_lowlevel.h>

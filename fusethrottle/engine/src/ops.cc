@@ -1120,7 +1120,7 @@ fuse_lowlevel_ops make_operations(bool xattrs, bool target_decides) {
   // With default_permissions the kernel answers access(2) itself and never asks.
   if (target_decides) ops.access = Counted<FT_OP_ACCESS, op_access>::serve;
   // No lseek: with the writeback cache, data not yet written back would read as a hole
-  // (ENXIO). The kernel answers SEEK_DATA/SEEK_HOLE itself, as for the Python data plane. No
+  // (ENXIO). The kernel answers SEEK_DATA/SEEK_HOLE itself. No
   // copy_file_range either: the kernel copies through read and write, each one metered.
   return ops;
 }

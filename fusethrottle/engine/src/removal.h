@@ -21,8 +21,8 @@ class Engine;
 
 class LetGo {
  public:
-  // How long a removal waits for a running sync of the file (its descriptor keeps the file),
-  // as the Python data plane did; past it the file is removed as an open one.
+  // How long a removal waits for a running sync of the file (its descriptor keeps the file);
+  // past it the file is removed as an open one.
   static constexpr std::chrono::milliseconds kSyncWait{2000};
 
   // Before removing *name* from the directory *dir*.

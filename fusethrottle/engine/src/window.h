@@ -1,7 +1,7 @@
 // The write window: how many bytes each file and the whole mount hold un-synced, the gate
-// where writes wait for room, and the choice of which files to fsync next. The same rules as
-// the Python data plane's ledger, gate and flusher choice (fusethrottle/window/), with the
-// clock passed in to the pure parts.
+// where writes wait for room, and the choice of which files to fsync next, with the clock
+// passed in to the pure parts (tests/window_test.cc). The window's size is the control
+// plane's (fusethrottle/window/controller.py).
 //
 // A file's bytes: admitted by the gate (the mount's `reserved`) -> written to the target (the
 // file's `dirty`) -> handed to an fsync (`syncing`) -> durable (gone), or back to dirty with

@@ -172,7 +172,7 @@ DEFS: dict[str, MetricDef] = _defs(
               "Age of the numbers in this scrape; above ~1 s the event loop is not answering."),
     MetricDef("fusethrottle_build", "info",
               "Versions of fusethrottle and the libraries it runs on.",
-              ("version", "python", "pyfuse3", "trio", "prometheus_client")),
+              ("version", "python", "libfuse", "trio", "prometheus_client")),
     MetricDef("fusethrottle_mount", "info",
               "The mount this daemon serves.", ("mountpoint", "source", "mode", "meter")),
 )  # fmt: skip

@@ -60,7 +60,9 @@ def task_tree() -> str:
             for child in nursery.child_tasks:
                 walk(child, depth + 1)
 
-    walk(trio.lowlevel.current_root_task(), 0)
+    root = trio.lowlevel.current_root_task()
+    if root is not None:
+        walk(root, 0)
     return "\n".join(lines)
 
 
@@ -86,7 +88,8 @@ async def run_diagnostics(*, task_status: trio.TaskStatus[None] = trio.TASK_STAT
     if threading.current_thread() is not threading.main_thread():
         task_status.started()
         return
-    had_faulthandler = faulthandler.unregister(signal.SIGUSR1)
+    # typeshed says None; CPython returns whether a handler was registered
+    had_faulthandler = bool(faulthandler.unregister(signal.SIGUSR1))  # type: ignore[func-returns-value]
     try:
         with trio.open_signal_receiver(signal.SIGUSR1) as signals:
             chained = _register_faulthandler(chain=True)

@@ -1,10 +1,10 @@
-"""The Snapshot of a mount the native engine serves: the same picture as the Python data
-plane's (snapshot.py), so ``fusethrottle status`` and the Prometheus series read alike on both.
+"""The Snapshot (snapshot.py) of a mount, built from what the engine counted, behind both
+``fusethrottle status`` and the Prometheus series.
 
 The engine counts (its statistics and error answers, read through the ABI); this process knows
 the rest: the controller, the kernel's share of the window, the memory cgroup, and the injected
-fsyncs the engine reported as events, which a :class:`Recorder` turns into the same histograms
-as the Python data plane's. Pure: every input is an argument.
+fsyncs the engine reported as events, which a :class:`Recorder` turns into histograms. Pure:
+every input is an argument.
 """
 
 from __future__ import annotations
@@ -122,7 +122,6 @@ def engine_snapshot(
         capability_question=capability_question(s),
         page_cache_drops=s.page_cache_drops,
         target_writes_uncached=placement.direct_writes or "",
-        engine="native",
         fleet=view.fleet,
         **cgroup_facts(placement.cgroup),
     )

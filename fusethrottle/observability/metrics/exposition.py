@@ -32,15 +32,18 @@ from .publisher import Publisher
 from .recorder import HistogramSnapshot
 from .snapshot import Snapshot
 
+#: One family of any kind: each kind's add_metric takes its own arguments.
+_Family = CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily | InfoMetricFamily
+
 
 def families(snap: Snapshot, age: float) -> list[Metric]:
     """The metric families of one snapshot (*age*: seconds since it was taken). Pure."""
-    out: dict[str, Metric] = {}
+    out: dict[str, Any] = {}  # name -> _Family, whose add_metric the caller knows by the name
 
-    def family(name: str) -> Metric:
+    def family(name: str) -> Any:
         d = DEFS[name]
         if d.kind == "counter":
-            m: Metric = CounterMetricFamily(d.name, d.help, labels=d.labels)
+            m: _Family = CounterMetricFamily(d.name, d.help, labels=d.labels)
         elif d.kind == "gauge":
             m = GaugeMetricFamily(d.name, d.help, labels=d.labels)
         elif d.kind == "histogram":
@@ -165,7 +168,8 @@ def _fleet_families(f: FleetStatistics, value: Callable[..., None]) -> None:
 def build_labels() -> dict[str, str]:
     """The labels of ``fusethrottle_build``; computed once (they cannot change while running)."""
     import prometheus_client
-    import pyfuse3
+
+    from ...engine.native import libfuse_version
 
     def version(module: Any, dist: str) -> str:
         v = getattr(module, "__version__", None)
@@ -181,7 +185,7 @@ def build_labels() -> dict[str, str]:
     return {
         "version": __version__,
         "python": ".".join(map(str, sys.version_info[:3])),
-        "pyfuse3": version(pyfuse3, "pyfuse3"),
+        "libfuse": libfuse_version(),
         "trio": version(trio, "trio"),
         "prometheus_client": version(prometheus_client, "prometheus_client"),
     }

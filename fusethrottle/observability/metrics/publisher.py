@@ -2,9 +2,9 @@
 
 Data flows one way, and only frozen copies cross threads::
 
-    data path  --Events / observer-->  Recorder         plain ints, event loop only, no locks
-    event loop --publish(), 0.5 s -->  Snapshot         frozen copy of Recorder + ledger, gate,
-                                                        flusher, controller, meter
+    engine     --statistics, events->  EngineView       the engine's counters, its fsync events
+    event loop --publish(), 0.5 s -->  Snapshot         frozen copy of the view, the recorder,
+                                                        the controller and the placement
     scrape thread, status socket  -->  Snapshot         never the live objects
 
 A scrape first asks the loop for a fresh snapshot and waits at most ``FRESH_WAIT`` for it, so a
@@ -23,11 +23,9 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .diagnostics import task_tree, thread_stacks
-from .recorder import Recorder
-from .snapshot import RateHistory, Snapshot, take_snapshot
+from .snapshot import RateHistory, Snapshot
 
 if TYPE_CHECKING:
-    from ...service.mount import Mount
     from ...service.options import Config
 
 log = logging.getLogger(__package__)
@@ -43,7 +41,7 @@ SnapshotSource = Callable[[RateHistory, float, bool], Snapshot]
 
 
 class Publisher:
-    """The latest snapshot of one mount, and who reads it, whichever data plane serves it.
+    """The latest snapshot of one mount, and who reads it.
 
     *take* copies the live state (see SnapshotSource). ``publish`` runs on the event loop only;
     ``latest`` and ``fresh`` may be read anywhere.
@@ -121,24 +119,3 @@ class Publisher:
         if request == "tasks":
             return {"tasks": task_tree(), "threads": thread_stacks()}
         return self.publish().to_json()
-
-
-class Metrics(Publisher):
-    """The Python data plane's: snapshots of a built mount and its recorder.
-
-    *recorder* must be the one the mount was built with, counting into the mount's own meter:
-    one Meter per mount, so the ceilings and the metered series can never disagree.
-    """
-
-    def __init__(self, mount: Mount, recorder: Recorder) -> None:
-        if recorder.meter is not mount.meter:
-            raise ValueError("the recorder must count into the mount's own meter")
-        self.mount = mount
-        self.recorder = recorder
-
-        def take(history: RateHistory, now: float, sample: bool) -> Snapshot:
-            return take_snapshot(
-                mount, recorder, history, started=self.started, now=now, sample=sample
-            )
-
-        super().__init__(mount.config, take)

@@ -1,10 +1,9 @@
-"""The counters behind every series: what the data path and the backend report, as plain numbers.
+"""The histograms behind the fsync series, and which operations are classified for metering.
 
 Why not prometheus_client's Counter and Histogram objects: they take a lock on every update and
 their values are read by the scrape thread while the loop writes them. The :class:`Recorder` is
-called from the event loop only, so plain ints need no lock; each call is a few bytecodes because
-it runs on every FUSE request. Other threads never read it: they read frozen snapshots (see
-snapshot.py).
+called from the event loop only, so plain numbers need no lock. Other threads never read it:
+they read frozen snapshots (see snapshot.py).
 """
 
 from __future__ import annotations
@@ -14,18 +13,18 @@ import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-from ...metering.meter import METADATA_CLASS, Meter, op_class
-from .definitions import ADMISSION_BUCKETS, FSYNC_BUCKETS, FSYNC_REASONS
+from ...metering.meter import METADATA_CLASS
+from .definitions import FSYNC_BUCKETS, FSYNC_REASONS
 
 #: fsync durations kept for the status view's recent p50/p99 (see snapshot.recent_fsyncs).
 RECENT_FSYNC_MAX = 2048
 
 # --- which EFS class a target operation belongs to -----------------------------------------
 #
-# One table for the whole daemon: meter.METADATA_CLASS and meter.op_class, which the ceilings
-# (ops.py) use too.
+# One table for the whole daemon: meter.METADATA_CLASS and meter.op_class, which the engine is
+# handed too.
 
-#: Operation names classified on purpose (a test checks that the backend reports no other).
+#: Operation names classified on purpose (a test checks that the engine sends no other).
 CLASSIFIED_OPS = frozenset({"read", "write", "fsync", *METADATA_CLASS})
 
 
@@ -72,37 +71,23 @@ class Histogram:
         return HistogramSnapshot(self.bounds, tuple(self.counts), self.sum)
 
 
-# --- the hot path --------------------------------------------------------------------------
+# --- the injected fsyncs --------------------------------------------------------------------
 
 
 class Recorder:
-    """The data path's :class:`Events` and the backend's target observer.
+    """The injected fsyncs the engine reported (its fsync events), as histograms by reason.
 
-    *meter* is the mount's own :class:`Meter` (the one its ceilings price requests with): every
-    operation sent to the target is recorded in it. Without one (tests of
-    the counters alone) nothing is metered.
+    Everything else the series show the engine counts itself (its statistics); only the fsyncs'
+    durations need a distribution the engine does not keep. Called on the event loop only.
     """
 
-    def __init__(self, meter: Meter | None = None) -> None:
-        self.meter = meter
-        self.written_bytes = 0
-        self.read_bytes = 0
-        self.operations: defaultdict[str, int] = defaultdict(int)
-        self.target_operations: defaultdict[str, int] = defaultdict(int)
+    def __init__(self) -> None:
         self.target_errors: defaultdict[tuple[str, int], int] = defaultdict(int)
         self.fsync_duration = {r: Histogram(FSYNC_BUCKETS) for r in FSYNC_REASONS}
         self.fsync_bytes: dict[str, int] = dict.fromkeys(FSYNC_REASONS, 0)
         self.fsync_errors: dict[str, int] = dict.fromkeys(FSYNC_REASONS, 0)
-        self.admission_waits = Histogram(ADMISSION_BUCKETS)
         #: (time.monotonic(), seconds) of the latest fsyncs, for the status view's percentiles.
         self.recent_fsyncs: deque[tuple[float, float]] = deque(maxlen=RECENT_FSYNC_MAX)
-
-    # --- Events ----------------------------------------------------------------------------
-    def operation(self, op: str) -> None:
-        self.operations[op] += 1
-
-    def target_error(self, op: str, errno: int) -> None:
-        self.target_errors[(op, errno)] += 1
 
     def fsync(self, reason: str, seconds: float, nbytes: int, error: int | None) -> None:
         hist = self.fsync_duration.get(reason)
@@ -116,20 +101,5 @@ class Recorder:
             self.fsync_bytes[reason] += nbytes
         else:
             self.fsync_errors[reason] += 1
-            if reason != "application":  # the application's own fsync came via target_error
+            if reason != "application":  # the application's own is among the engine's errors
                 self.target_errors[("fsync", error)] += 1
-
-    def admission_wait(self, seconds: float) -> None:
-        self.admission_waits.observe(seconds)
-
-    def bytes_written(self, nbytes: int) -> None:
-        self.written_bytes += nbytes
-
-    def bytes_read(self, nbytes: int) -> None:
-        self.read_bytes += nbytes
-
-    # --- backend observer ------------------------------------------------------------------
-    def target(self, op: str, nbytes: int) -> None:
-        self.target_operations[op] += 1
-        if self.meter is not None:
-            self.meter.record(op_class(op), nbytes)

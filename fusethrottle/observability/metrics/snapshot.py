@@ -2,7 +2,7 @@
 
 The Prometheus exposition (exposition.py) and ``fusethrottle status`` (the JSON of
 :meth:`Snapshot.to_json`, documented in docs/METRICS.md) both read a :class:`Snapshot` and never
-the live objects: it is built on the event loop by :func:`take_snapshot` and never changed
+the live objects: it is built on the event loop (engine_snapshot.py) and never changed
 afterwards (the dicts are private copies), so any thread may read it.
 """
 
@@ -10,22 +10,20 @@ from __future__ import annotations
 
 import errno as errno_mod
 import os
-import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...metering.fleet import FleetStatistics
-from ...metering.meter import ClassTotals, Meter, OpClass
+from ...metering.meter import ClassTotals
 from ...service.options import Config
 from ...stats import percentile
 from ...window.controller import Controller
-from .recorder import HistogramSnapshot, Recorder
+from .recorder import HistogramSnapshot
 
 if TYPE_CHECKING:
     from ...service.memory_cgroup import OwnMemoryCgroup
-    from ...service.mount import Mount
 
 RECENT_FSYNC_SPAN = 300.0  # seconds of fsyncs behind the status view's p50/p99
 MiB = 1024 * 1024
@@ -166,7 +164,6 @@ class Snapshot:
     memory_cgroup_limit_bytes: int = 0
     page_cache_drops: int = 0
     fleet: FleetStatistics | None = None  # the fleet budget (budget=redis://...), if any
-    engine: str = "python"  # the data plane that serves the mount: "python" or "native"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the status socket's answer; docs/METRICS.md describes it)."""
@@ -217,12 +214,6 @@ def recent_fsyncs(samples: Iterable[tuple[float, float]], now: float) -> FsyncRe
     )
 
 
-def meter_totals(meter: Meter) -> dict[str, ClassTotals]:
-    """The meter's counters keyed by the ``class`` label."""
-    snap = meter.snapshot()
-    return {cls.value: snap[cls] for cls in OpClass}
-
-
 def cgroup_facts(cgroup: OwnMemoryCgroup | None) -> dict[str, Any]:
     """Where the target's page cache is charged: the daemon's own memory cgroup and its use,
     or why it stayed in the one it started in (both data planes)."""
@@ -236,91 +227,3 @@ def cgroup_facts(cgroup: OwnMemoryCgroup | None) -> dict[str, Any]:
         "memory_cgroup_usage_bytes": cgroup.usage(),
         "memory_cgroup_limit_bytes": cgroup.limit,
     }
-
-
-def _memory_facts(mount: Mount) -> dict[str, Any]:
-    """Where the target's page cache is charged, and how much the mount dropped."""
-    return {
-        "page_cache_drops": mount.kernel_pages.dropped_ranges,
-        "target_writes_uncached": mount.direct_writes or "",
-        **cgroup_facts(mount.memory_cgroup),
-    }
-
-
-def _capability_question(ops: Any) -> str:
-    """How often the kernel asks security.capability before a write: the cost of small writes."""
-    if not ops.offer_xattrs:
-        return "never (xattrs not served)"
-    if ops.killpriv_v2 is not None and ops.killpriv_v2.asked:
-        return "once per file (FUSE_HANDLE_KILLPRIV_V2)"
-    return "before every write()"
-
-
-def take_snapshot(
-    mount: Mount,
-    recorder: Recorder,
-    history: RateHistory,
-    *,
-    started: float,
-    now: float,
-    sample: bool = False,
-) -> Snapshot:
-    """Copy the live state of *mount* and *recorder* (event loop only; *now* is its clock)."""
-    config = mount.config
-    ledger = mount.ledger.snapshot(now)
-    budget = mount.budget.statistics()
-    gate = budget.gate
-    flusher = mount.flusher.statistics()
-    ceiling = mount.ceilings.statistics()
-    meter = meter_totals(mount.meter)
-    rec = recorder
-    totals = (
-        rec.written_bytes,
-        rec.read_bytes,
-        ledger.synced_total,
-        sum(c.metered_bytes for c in meter.values()),
-        sum(c.units for c in meter.values()),
-    )
-    errors = tuple(sorted((op, errno_name(code), n) for (op, code), n in rec.target_errors.items()))
-    mono = time.monotonic()
-    return Snapshot(
-        taken=time.time(),
-        monotonic=mono,
-        mount=MountFacts.of(config, started),
-        unsynced_bytes=ledger.unsynced,
-        reserved_bytes=ledger.reserved,
-        syncing_bytes=ledger.syncing,
-        dirty_files=ledger.dirty_files,
-        oldest_unsynced_age_seconds=ledger.oldest_age,
-        # The bound in force (slow start included), not just what the controller decided.
-        window_bytes=budget.window_bytes,
-        kernel_cache_bytes=mount.kernel_cache.statistics().limit_bytes,
-        written_bytes=rec.written_bytes,
-        read_bytes=rec.read_bytes,
-        synced_bytes=ledger.synced_total,
-        failed_syncs=ledger.failed_syncs,
-        waiting_writes=gate.waiting,
-        throttled_writes=gate.throttled_total,
-        admission_timeouts=gate.timeouts_total,
-        admission_wait=rec.admission_waits.freeze(),
-        fsyncs_in_flight=flusher.in_flight,
-        fsync_duration={r: h.freeze() for r, h in rec.fsync_duration.items()},
-        fsync_bytes=dict(rec.fsync_bytes),
-        fsync_errors=dict(rec.fsync_errors),
-        fsync_recent=recent_fsyncs(rec.recent_fsyncs, mono),
-        controller=ControllerFacts.of(config.mode, mount.controller),
-        operations=dict(rec.operations),
-        target_operations=dict(rec.target_operations),
-        target_errors=errors,
-        meter=meter,
-        ceiling_delayed=ceiling.delayed_total,
-        ceiling_delay_seconds=ceiling.delay_seconds_total,
-        rates=history.rates(now, totals, sample=sample),
-        inodes=len(mount.inodes),
-        open_handles=mount.ops.open_handles(),
-        inodes_bound=mount.kernel_entries.bounds.high if mount.kernel_entries else 0,
-        names_dropped=mount.kernel_entries.asked_total if mount.kernel_entries else 0,
-        capability_question=_capability_question(mount.ops),
-        fleet=mount.fleet.statistics(now) if mount.fleet is not None else None,
-        **_memory_facts(mount),
-    )
