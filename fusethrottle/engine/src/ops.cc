@@ -599,6 +599,10 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   }
 }
 
+// How long an open of a file changed elsewhere waits for a handle whose RELEASE is under way
+// (see KernelView::opened); one that is really still open costs the open this, once.
+constexpr std::chrono::milliseconds kReleaseWait{100};
+
 // An open (*flags*) of a file the kernel caches found it changed on the target by another
 // writer since the kernel was shown it, and nobody else has it open through the mount.
 bool changed_elsewhere(KernelView& view, int fd, int flags, uint64_t since) {
@@ -608,7 +612,7 @@ bool changed_elsewhere(KernelView& view, int fd, int flags, uint64_t since) {
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) return false;
-  KernelView::AtOpen at = view.opened(st, since);
+  KernelView::AtOpen at = view.opened(st, since, kReleaseWait);
   return at.changed && at.alone;
 }
 

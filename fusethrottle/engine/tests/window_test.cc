@@ -388,11 +388,26 @@ void test_another_writers_change_renews_the_kernels_inode_only_when_nobody_has_i
   view.opening();
   view.opening();
   CHECK(view.looked_up(sized(5, 3), ft::KernelView::now()) == renewed);
-  ft::KernelView::AtOpen at = view.opened(sized(5, 3), ft::KernelView::now());
-  CHECK(at.changed && !at.alone);
+  ft::KernelView::AtOpen at =
+      view.opened(sized(5, 3), ft::KernelView::now(), std::chrono::milliseconds(20));
+  CHECK(at.changed && !at.alone);  // the other open stayed past the wait
   view.closed();
   view.closed();
   CHECK(view.looked_up(sized(5, 3), ft::KernelView::now()) != renewed);
+  // The other handle's RELEASE comes while this open waits for it: the open is alone after
+  // all, and the kernel is made to look the changed file up again.
+  uint64_t now_shown = view.generation();
+  view.opening();  // the closed handle whose RELEASE is still on its way
+  view.opening();  // this open
+  std::thread release([&view] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    view.closed();
+  });
+  at = view.opened(sized(4, 4), ft::KernelView::now(), std::chrono::seconds(10));
+  release.join();
+  CHECK(at.changed && at.alone);
+  view.closed();
+  CHECK(view.looked_up(sized(4, 4), ft::KernelView::now()) != now_shown);
 }
 
 void test_the_mounts_own_writes_are_not_taken_for_another_writers() {
