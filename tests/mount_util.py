@@ -209,6 +209,27 @@ class Daemon:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signum)
 
+    def freeze(self, timeout: float = 10.0) -> None:
+        """SIGSTOP, and wait until every thread of the process has stopped: a request that
+        reaches one of its threads before that is still answered (the C memfs keeps ten
+        threads waiting for requests, each stops only when the signal wakes it), so a test
+        that goes on at once could see a frozen target answer (teardown sends SIGCONT)."""
+        self.signal(signal.SIGSTOP)
+        self.stopped = True
+        tasks = Path(f"/proc/{self.proc.pid}/task")
+
+        def every_thread_stopped() -> bool:
+            try:
+                states = [
+                    (t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()
+                ]
+            except (FileNotFoundError, ProcessLookupError):
+                return False
+            return bool(states) and all(state in ("T", "t") for state in states)
+
+        if not wait_for(every_thread_stopped, timeout):
+            raise AssertionError(f"{self.fstype} (pid {self.proc.pid}) did not stop")
+
     def answers(self, timeout: float = 10.0) -> bool:
         """Does the mount answer a stat? Asked from a child process, which can be killed."""
         try:

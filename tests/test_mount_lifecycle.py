@@ -586,8 +586,7 @@ def test_hung_target_freezes_only_the_paths_into_it(
     # (an artifact of using FUSE as the dead target; NFS waits are killable).
     assert (top / "hung" / "file").stat().st_size == len("in the hung subtree")
 
-    frozen.signal(signal.SIGSTOP)
-    frozen.stopped = True
+    frozen.freeze()
     victim = None
     if ending != "fusermount3 -u":
         victim = subprocess.Popen(
@@ -675,8 +674,7 @@ def test_a_process_waiting_on_a_hung_target_can_be_killed(
         "cat": ["cat", str(hung / "file")],
         "create": ["dd", "if=/dev/zero", f"of={hung / 'new'}", "count=1", "conv=fsync"],
     }[call]
-    frozen.signal(signal.SIGSTOP)
-    frozen.stopped = True
+    frozen.freeze()
     victim = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -734,8 +732,7 @@ def test_a_process_stuck_on_an_open_file_of_a_hung_target_can_be_killed(
     )
     assert victim.stdout is not None and victim.stdin is not None
     assert victim.stdout.readline() == "open\n"
-    frozen.signal(signal.SIGSTOP)
-    frozen.stopped = True
+    frozen.freeze()
     victim.stdin.write("go\n")
     victim.stdin.flush()
     _stuck_then_killed(victim, frozen)

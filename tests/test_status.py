@@ -594,8 +594,7 @@ def test_status_watch_refreshes(make_mount) -> None:
 def test_status_of_a_stuck_daemon_says_so(make_mount) -> None:
     ft = make_mount()
     assert wait_for(lambda: _status(str(ft.mountpoint)).returncode == 0, 10)  # fully started
-    ft.signal(signal.SIGSTOP)
-    ft.stopped = True  # teardown sends SIGCONT first
+    ft.freeze()  # teardown sends SIGCONT first
     # The message names the timeout it waited: proof enough that --timeout reached the socket
     # (a wall-clock bound would add nothing but flakes on a loaded machine).
     result = _status(str(ft.mountpoint), "--timeout", "0.5")
