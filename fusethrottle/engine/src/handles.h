@@ -57,7 +57,16 @@ struct OpenFile : Handle {
   ~OpenFile() override {
     uncached.reset();  // before the window may let go of the file (removal.h)
     if (view_ != nullptr) view_->closed();
-    window_.released(inode_, std::move(fd));
+    window_.released(inode_, std::move(fd), closing_.load(std::memory_order_acquire));
+  }
+  // Its process closed it (FLUSH): its RELEASE may be on its way (Window::await_releases).
+  void flushed() {
+    if (!closing_.exchange(true, std::memory_order_acq_rel)) window_.closing(*inode_, true);
+  }
+  // A read or write through it after a FLUSH: a duplicate of it is still open somewhere.
+  void used() {
+    if (closing_.load(std::memory_order_relaxed) && closing_.exchange(false, std::memory_order_acq_rel))
+      window_.closing(*inode_, false);
   }
   Fd fd;
   bool direct = false;  // opened with O_DIRECT: its data goes through an aligned buffer
@@ -72,6 +81,7 @@ struct OpenFile : Handle {
   Window& window_;
   std::shared_ptr<Inode> inode_;
   KernelView* view_;
+  std::atomic<bool> closing_{false};
 };
 
 struct DirCloser {

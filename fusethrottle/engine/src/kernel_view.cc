@@ -49,22 +49,13 @@ void KernelView::opening() {
 }
 
 void KernelView::closed() {
-  {
-    std::lock_guard<std::mutex> guard(lock_);
-    if (opens_ > 0) opens_--;
-  }
-  released_.notify_all();
+  std::lock_guard<std::mutex> guard(lock_);
+  if (opens_ > 0) opens_--;
 }
 
-KernelView::AtOpen KernelView::opened(const struct stat& st, uint64_t since,
-                                      std::chrono::milliseconds release_wait) {
-  std::unique_lock<std::mutex> guard(lock_);
-  bool changed_here = !written_since(since) && changed(st);
-  if (changed_here && opens_ > 1) {
-    released_.wait_for(guard, release_wait, [this] { return opens_ <= 1; });
-    changed_here = !written_since(since) && changed(st);  // a write of ours meanwhile is newer
-  }
-  return {changed_here, opens_ <= 1};
+KernelView::AtOpen KernelView::opened(const struct stat& st, uint64_t since) {
+  std::lock_guard<std::mutex> guard(lock_);
+  return {!written_since(since) && changed(st), opens_ <= 1};
 }
 
 void KernelView::truncated() {

@@ -15,8 +15,6 @@
 #include <sys/stat.h>
 
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 
@@ -42,16 +40,13 @@ class KernelView {
   void opening();
   void closed();
   // An open of the file found it with *st* (stat taken after *since*): whether it changed on
-  // the target since the kernel was shown it, and whether this open is the only one. A
-  // changed file with another open waits up to *release_wait* for it to go: a process that
-  // just closed the file has its RELEASE sent in the background, and another request thread
-  // may serve this OPEN before that RELEASE (a loaded host), which left the kernel with the
-  // old size although nobody had the file open any more.
+  // the target since the kernel was shown it, and whether this open is the only one (a
+  // handle closed but not yet released still counts: see Window::await_releases).
   struct AtOpen {
     bool changed = false;
     bool alone = false;
   };
-  AtOpen opened(const struct stat& st, uint64_t since, std::chrono::milliseconds release_wait);
+  AtOpen opened(const struct stat& st, uint64_t since);
   // Opened with O_TRUNC: the kernel knows the size it made.
   void truncated();
 
@@ -88,7 +83,6 @@ class KernelView {
 
   static std::atomic<uint64_t> clock_;
   mutable std::mutex lock_;
-  std::condition_variable released_;  // an open of it ended (opens_ fell)
   uint64_t generation_ = 0;
   int64_t size_ = -1;   // what the kernel holds as its size; -1: not known
   int64_t mtime_ = -1;  // the target's mtime when the kernel was shown it; -1: not known

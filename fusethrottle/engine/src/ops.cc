@@ -599,20 +599,20 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   }
 }
 
-// How long an open of a file changed elsewhere waits for a handle whose RELEASE is under way
-// (see KernelView::opened); one that is really still open costs the open this, once.
-constexpr std::chrono::milliseconds kReleaseWait{100};
-
 // An open (*flags*) of a file the kernel caches found it changed on the target by another
-// writer since the kernel was shown it, and nobody else has it open through the mount.
-bool changed_elsewhere(KernelView& view, int fd, int flags, uint64_t since) {
+// writer since the kernel was shown it, and nobody else has it open through the mount (a
+// handle its process just closed is waited for: its RELEASE may be on its way).
+bool changed_elsewhere(Window& window, Inode& inode, KernelView& view, int fd, int flags,
+                       uint64_t since) {
   if (flags & O_TRUNC) {
     view.truncated();  // the kernel knows the size it made
     return false;
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) return false;
-  KernelView::AtOpen at = view.opened(st, since, kReleaseWait);
+  KernelView::AtOpen at = view.opened(st, since);
+  if (at.changed && !at.alone && window.await_releases(inode, kReleaseWait) == 0)
+    at = view.opened(st, since);
   return at.changed && at.alone;
 }
 
@@ -635,7 +635,8 @@ void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
     if (view != nullptr) view->closed();
     return (void)answer(fuse_reply_err, req, err);
   }
-  if (view != nullptr && changed_elsewhere(*view, fd.get(), fi->flags, since)) {
+  if (view != nullptr &&
+      changed_elsewhere(engine.window(), inode_of(req, node), *view, fd.get(), fi->flags, since)) {
     // Close-to-open, as NFS itself: the file changed on the target since the kernel was shown
     // it, and the kernel keeps its own size of it. ESTALE makes it look the name up again and
     // retry the open; that lookup hands it a new generation with the target's size.
@@ -674,6 +675,7 @@ uint64_t read_size(int fd, size_t size, off_t off) {
 
 void op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   engine_of(req).pay(FT_OP_READ, size);
+  borrow<OpenFile>(fi).used();
   if (borrow<OpenFile>(fi).direct) return read_direct(req, borrow<OpenFile>(fi).fd.get(), size, off);
   fuse_bufvec data = FUSE_BUFVEC_INIT(size);
   data.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
@@ -808,6 +810,7 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
     return (void)answer(fuse_reply_err, req, EINTR);
   }
   OpenFile& file = borrow<OpenFile>(fi);
+  file.used();
   ssize_t n = 0;
   int err;
   {
@@ -851,6 +854,7 @@ void op_flush(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
       view->learn_mtime(sx.stx_mtime.tv_sec * 1000000000LL + sx.stx_mtime.tv_nsec, since);
   }
   int pending = report_pending(engine_of(req).window(), inode_of(req, node), fd);
+  borrow<OpenFile>(fi).flushed();  // before the process's next request: its removal, an open
   answer(fuse_reply_err, req, err != 0 ? err : pending);
 }
 
@@ -865,6 +869,7 @@ void op_fsync(fuse_req_t req, fuse_ino_t node, int datasync, fuse_file_info* fi)
   Window& window = engine_of(req).window();
   Inode& inode = inode_of(req, node);
   uint64_t bytes = window.begin_app_sync(inode);
+  borrow<OpenFile>(fi).used();
   int fd = borrow<OpenFile>(fi).fd.get();
   double start = now_seconds();
   int rc = datasync ? ::fdatasync(fd) : ::fsync(fd);

@@ -163,10 +163,30 @@ void Window::opened(const std::shared_ptr<Inode>& inode) {
   inode->ledger.forgotten = false;  // looked up again since
 }
 
-void Window::released(const std::shared_ptr<Inode>& inode, Fd fd) {
+void Window::closing(Inode& inode, bool now) {
   std::lock_guard<std::mutex> guard(lock_);
+  inode.ledger.closing += now ? 1 : -1;
+}
+
+namespace {
+bool all_closing(const FileLedger& f) { return f.opens > 0 && f.closing >= f.opens; }
+}  // namespace
+
+int Window::await_releases(Inode& inode, std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> guard(lock_);
+  FileLedger& f = inode.ledger;
+  released_.wait_for(guard, wait, [&f] { return !all_closing(f); });
+  return f.opens;
+}
+
+void Window::released(const std::shared_ptr<Inode>& inode, Fd fd, bool was_closing) {
+  std::unique_lock<std::mutex> guard(lock_);
   FileLedger& f = inode->ledger;
   if (f.opens > 0) f.opens--;
+  if (was_closing) {
+    f.closing--;
+    released_.notify_all();
+  }
   if (f.opens > 0 || f.dirty == 0) return;  // fd closes as this returns
   f.released = true;
   f.released_at = now_seconds();
@@ -200,6 +220,7 @@ bool Window::let_go(Inode& inode, std::chrono::milliseconds wait) {
   std::unique_lock<std::mutex> guard(lock_);
   FileLedger& f = inode.ledger;
   f.removing++;
+  released_.wait_for(guard, kReleaseWait, [&f] { return !all_closing(f); });
   bool idle = sync_ended_.wait_for(
       guard, wait, [&f] { return f.opens > 0 || (!f.queued && f.syncing == 0); });
   f.removing--;

@@ -46,6 +46,11 @@ uint64_t writeback_piece(double commit_rate, uint64_t trigger);
 // (a tar or rsync of a tree closes thousands of small files a second).
 constexpr double kGroupGather = 0.02;
 constexpr uint64_t kGroupBytes = 1ull << 20;
+// How long a request that would treat a file as open waits for handles whose process closed
+// them (FLUSH answered) to be released. A close sends its RELEASE in the background: on a
+// loaded host another request thread may serve the process's next request on the file (an
+// open, its removal) first, although the process has it open no more.
+constexpr std::chrono::milliseconds kReleaseWait{100};
 
 // One file's un-synced data; lives in its Inode, guarded by the window's lock.
 struct FileLedger {
@@ -61,6 +66,7 @@ struct FileLedger {
   bool queued = false;     // an fsync of it is queued or running (one at a time)
   int removing = 0;        // removals of its last name waiting for its sync (Window::let_go)
   int opens = 0;           // open handles
+  int closing = 0;         // of them, closed by their process: FLUSH came, RELEASE may be on its way
   int64_t lo = -1;         // the range written since the last injected sync
   int64_t hi = 0;
   Fd held;                 // a released handle's descriptor, for its release sync
@@ -123,8 +129,13 @@ class Window {
   // The file's data needs no sync any more (truncated to nothing).
   void discard(Inode& inode);
   void opened(const std::shared_ptr<Inode>& inode);
-  // The handle closed; *fd* is its descriptor, kept for the release sync if the file is dirty.
-  void released(const std::shared_ptr<Inode>& inode, Fd fd);
+  // The handle's process closed it (*now*: FLUSH came), or used it again (false).
+  void closing(Inode& inode, bool now);
+  // The handle was released; *fd* is its descriptor, kept for the release sync if the file is
+  // dirty; *was_closing*: its process had closed it.
+  void released(const std::shared_ptr<Inode>& inode, Fd fd, bool was_closing = false);
+  // The file's open handles after waiting up to *wait* while every one of them is closing.
+  int await_releases(Inode& inode, std::chrono::milliseconds wait);
   // The kernel forgot the file: true if it owes anything, and the window keeps (and syncs)
   // it; the table keeps it by its key meanwhile (a new lookup finds it again, see
   // InodeTable::forget), until *settled* is called with it. False: it may go now.
@@ -135,8 +146,9 @@ class Window {
   }
   // Its last name is about to be removed: its data needs no sync, and its released handle's
   // descriptor is closed (see removal.h). A sync of it handed to the flusher and not started
-  // is not run (see removing()); one running is waited for, at most *wait*. False (nothing
-  // changed) if it is open, or still being synced after *wait*.
+  // is not run (see removing()); one running is waited for, at most *wait*, after handles
+  // closed but not yet released (at most kReleaseWait). False (nothing changed) if it is
+  // open, or still being synced after *wait*.
   bool let_go(Inode& inode, std::chrono::milliseconds wait);
   // Whether *inode* is open or owes a sync: its name is better kept in the kernel (relief.h).
   bool busy(const Inode& inode);
@@ -203,6 +215,7 @@ class Window {
   std::condition_variable gate_;
   std::condition_variable flusher_;
   std::condition_variable sync_ended_;  // a sync ended (let_go waits for it)
+  std::condition_variable released_;    // a closing handle was released (await_releases)
   std::unordered_map<const Inode*, std::shared_ptr<Inode>> files_;  // every file that owes
   std::deque<uint64_t> line_;  // waiting writes' tickets, first come first served
   uint64_t next_ticket_ = 0;
