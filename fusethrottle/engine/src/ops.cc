@@ -12,10 +12,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <new>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -1037,6 +1040,20 @@ inline void first_node(fuse_ino_t& node, fuse_ino_t arg) {
 template <typename T>
 void first_node(fuse_ino_t&, const T&) {}
 
+// A handler threw (out of memory, most likely): the request is answered (ENOMEM, or EIO for
+// anything else) rather than left to std::terminate, which would end the daemon with every
+// caller and every acknowledged write with it; one line says what happened.
+template <ft_engine_op Op>
+void answer_thrown(fuse_req_t req, const char* what, int error) {
+  std::fprintf(stderr, "fusethrottle engine: request kind %d failed inside the engine: %s\n",
+               static_cast<int>(Op), what);
+  if constexpr (Op == FT_OP_FORGET) {
+    if (this_call().claim(req)) fuse_reply_none(req);
+  } else {
+    answer(fuse_reply_err, req, error);
+  }
+}
+
 // Every request is counted by kind before its handler runs, and its thread is the daemon's
 // again after it: the one place all of them pass.
 template <ft_engine_op Op, auto Handler>
@@ -1078,7 +1095,13 @@ struct Counted<Op, Handler> {
     }
     // Reads and writes pay for their size in their handlers.
     if constexpr (Op != FT_OP_READ && Op != FT_OP_WRITE) call.engine->pay(Op, 0);
-    Handler(req, args...);
+    try {
+      Handler(req, args...);
+    } catch (const std::bad_alloc& e) {
+      answer_thrown<Op>(req, e.what(), ENOMEM);
+    } catch (const std::exception& e) {
+      answer_thrown<Op>(req, e.what(), EIO);
+    }
     // Metered once it was sent to the target, failed or not: the one hook of the meter.
     call.engine->meter().record(Op, call.bytes, call.error);
     stop_being_caller();
