@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "../src/ceilings.h"
 #include "../src/fleet_gate.h"
@@ -154,6 +155,43 @@ void test_the_gate_holds_a_write_until_a_sync_makes_room() {
   CHECK(admitted);
   auto s = w.stats();
   CHECK(s.throttled == 1 && s.unsynced == 8 * MiB && s.unsynced_high <= 64 * MiB);
+}
+
+// Three hundred writers (a backup host's many jobs) at a full gate at once: syncs make room a
+// file at a time, every writer gets through before its admission timeout, and the window is
+// never exceeded on the way.
+void test_three_hundred_writers_at_a_full_gate_all_get_through_within_the_window() {
+  ft::WindowParams p = params();
+  p.admission_timeout = 20;  // a lost wake-up fails the test here, not by hanging it
+  ft::Window w(p);
+  auto first = file(1);
+  w.admit(60 * MiB);
+  w.landed(first, 60 * MiB, 60 * MiB, 0);
+  constexpr int kWriters = 300;
+  std::atomic<int> admitted{0}, refused{0};
+  std::vector<std::thread> writers;
+  for (int i = 0; i < kWriters; i++) {
+    writers.emplace_back([&, i] {
+      auto mine = file(static_cast<ino_t>(100 + i));
+      if (!w.admit(MiB)) {
+        refused++;
+        return;
+      }
+      w.landed(mine, MiB, MiB, 0);
+      admitted++;
+    });
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (admitted + refused < kWriters && std::chrono::steady_clock::now() < deadline) {
+    for (auto& job : w.take_due(ft::now_seconds())) w.end_sync(job, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (auto& t : writers) t.join();
+  CHECK(admitted == kWriters && refused == 0);
+  auto s = w.stats();
+  CHECK(s.timeouts == 0 && s.waiting == 0);
+  CHECK(s.unsynced_high <= 64 * MiB);
+  CHECK(s.written == 60 * MiB + kWriters * MiB);
 }
 
 void test_a_writer_killed_at_the_gate_leaves_it_reserving_nothing() {
@@ -563,6 +601,7 @@ int main() {
   test_the_applications_own_fsync_takes_the_bytes_and_truncation_discards_them();
   test_the_gate_holds_a_write_until_a_sync_makes_room();
   test_a_writer_killed_at_the_gate_leaves_it_reserving_nothing();
+  test_three_hundred_writers_at_a_full_gate_all_get_through_within_the_window();
   test_a_forgotten_file_is_synced_even_without_injection();
   test_a_file_about_to_be_removed_is_let_go_of_unless_open_or_syncing();
   test_a_removal_waits_for_a_closed_handles_release_but_not_for_an_open_handle();
