@@ -20,9 +20,9 @@ other arm of the same run (the VM's CPU is many times slower than a real one). R
 
 Knobs (environment): FTLAB_WIRE_FILES (300), FTLAB_WIRE_DIRS (3), FTLAB_WIRE_SIZE (4096 bytes
 per file), FTLAB_WIRE_STREAM_MIB (64), FTLAB_WIRE_REPEATS (1), FTLAB_WIRE_WORKLOADS and
-FTLAB_WIRE_ARMS (comma lists, default all: direct, ft, ft-nowb, ft-attr30), FTLAB_WIRE_TRACE=1
-(record the kernel's trace of system calls, FUSE requests and RPCs of each fusethrottle run,
-for finding where an RPC comes from; slow, use with few files).
+FTLAB_WIRE_ARMS (comma lists, default all: direct, ft, c-ll-wb, ft-nowb, ft-attr30),
+FTLAB_WIRE_TRACE=1 (record the kernel's trace of system calls, FUSE requests and RPCs of each
+fusethrottle run, for finding where an RPC comes from; slow, use with few files).
 """
 
 from __future__ import annotations
@@ -200,11 +200,16 @@ class Arm:
     name: str
     #: fusethrottle's -o options (None: the direct arm, no mount).
     options: tuple[str, ...] | None
+    #: libfuse's C passthrough_ll (the bench's reference arm) instead of fusethrottle.
+    c_passthrough: bool = False
 
 
 ARMS = (
     Arm("direct", None),
     Arm("ft", ()),
+    # The speed claims' reference: what a C FUSE passthrough costs on the same NFS client (the
+    # bench's c-ll-wb:xattr arm: the writeback cache, xattrs passed through).
+    Arm("c-ll-wb", ("writeback", "xattr"), c_passthrough=True),
     Arm("ft-nowb", ("writeback_cache=no",)),
     # The kernel and the daemon revalidate what they cache every attr_timeout (1 s): a GETATTR
     # per directory in use per second, which the VM's slow creates spread over few files. NFS
@@ -236,13 +241,25 @@ class Daemon:
     proc: subprocess.Popen[bytes]
     log: Path
 
+    #: libfuse's passthrough_ll: no status to read.
+    c_passthrough: bool = False
+
     @classmethod
-    def start(cls, source: Path, mountpoint: Path, options: tuple[str, ...]) -> Daemon:
+    def start(
+        cls, source: Path, mountpoint: Path, options: tuple[str, ...], c_passthrough: bool = False
+    ) -> Daemon:
         mountpoint.mkdir(parents=True, exist_ok=True)
         log = OUT / f"{mountpoint.name}.daemon.log"
-        argv = [FUSETHROTTLE, str(source), str(mountpoint), "-f"]
-        if options:
-            argv += ["-o", ",".join(options)]
+        if c_passthrough:
+            from bench.daemon import build_passthrough_ll
+
+            binary = build_passthrough_ll().binary
+            opts = ",".join((f"source={source}", *options))
+            argv = [str(binary), "-f", "-o", opts, str(mountpoint)]
+        else:
+            argv = [FUSETHROTTLE, str(source), str(mountpoint), "-f"]
+            if options:
+                argv += ["-o", ",".join(options)]
         with open(log, "ab") as f:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=f)
         deadline = time.monotonic() + START_TIMEOUT
@@ -252,10 +269,12 @@ class Daemon:
                 raise RuntimeError(f"fusethrottle did not mount: {log.read_text()[-2000:]}")
             time.sleep(0.05)
         os.stat(mountpoint)  # answers
-        return cls(mountpoint, proc, log)
+        return cls(mountpoint, proc, log, c_passthrough)
 
     def status(self) -> dict[str, Any]:
-        from fusethrottle.status_client import find_mount_of, query
+        if self.c_passthrough:
+            return {}
+        from fusethrottle.observability.status_client import find_mount_of, query
 
         return query(find_mount_of(str(self.mountpoint)), timeout=30.0)
 
@@ -355,7 +374,9 @@ def run_one(workload: Workload, arm: Arm, spec: Spec, tag: str, trace: bool) -> 
     drop_caches()
     daemon = None
     if arm.options is not None:
-        daemon = Daemon.start(base, MOUNTS / f"{workload.name}-{arm.name}-{tag}", arm.options)
+        daemon = Daemon.start(
+            base, MOUNTS / f"{workload.name}-{arm.name}-{tag}", arm.options, arm.c_passthrough
+        )
         root = daemon.mountpoint
     else:
         root = base
@@ -521,6 +542,12 @@ def report(runs: list[Run], spec: Spec, profile: str, arms: list[str]) -> str:
             lines.append(
                 "| speed vs direct | "
                 + " | ".join(f"{times['direct'] / times[a]:.2f}x" for a in present)
+                + " |"
+            )
+        if "c-ll-wb" in times:
+            lines.append(
+                "| time vs C passthrough | "
+                + " | ".join(f"{times[a] / times['c-ll-wb']:.2f}x" for a in present)
                 + " |"
             )
         lines.append(
