@@ -164,8 +164,10 @@ class ArmSpec:
         return self.kind.removeprefix("ft-")
 
     def c_options(self) -> str:
-        """passthrough_ll's ``-o`` options besides ``source=``: the arm's own plus ``param``."""
-        return ",".join(o for o in (C_ARM_OPTIONS[self.kind], self.param) if o)
+        """passthrough_ll's ``-o`` options besides ``source=``: the arm's own plus ``param``
+        (several joined by ``:``, as the ft arms', since ``,`` separates arms:
+        ``c-ll-wb:xattr:default_permissions``)."""
+        return ",".join(o for o in (C_ARM_OPTIONS[self.kind], self.param.replace(":", ",")) if o)
 
     def fsync_every(self) -> int:
         """Bytes between the writer's own fsyncs in the direct-fsync arm (the published fix)."""

@@ -440,10 +440,17 @@ def processes_mounting_under(pid: int) -> list[str]:
 def test_passthrough_arms_and_workloads_parse() -> None:
     from bench.plan import DD_BLOCKS, PlanError, parse_arms, parse_workloads
 
-    arms = parse_arms("direct,ft-adaptive,c-ll,c-ll-wb,c-ll:xattr")
-    assert [a.is_c_passthrough for a in arms] == [False, False, True, True, True]
-    assert [a.is_fuse for a in arms] == [False, True, True, True, True]
-    assert [a.c_options() for a in arms[2:]] == ["", "writeback", "xattr"]
+    arms = parse_arms(
+        "direct,ft-adaptive,c-ll,c-ll-wb,c-ll:xattr,c-ll-wb:xattr:default_permissions"
+    )
+    assert [a.is_c_passthrough for a in arms] == [False, False, True, True, True, True]
+    assert [a.is_fuse for a in arms] == [False, True, True, True, True, True]
+    assert [a.c_options() for a in arms[2:]] == [
+        "",
+        "writeback",
+        "xattr",
+        "writeback,xattr,default_permissions",
+    ]
     with pytest.raises(PlanError, match="source="):
         parse_arms("c-ll:source=/elsewhere")
     with pytest.raises(PlanError, match="unknown arm"):

@@ -211,9 +211,6 @@ bool Inode::drained(std::chrono::milliseconds bound) {
 }
 
 bool InodeTable::detach(Inode& inode, const struct stat& last) {
-  // An unbound socket: nothing on the target, and a reopen through /proc fails (ENXIO).
-  Fd placeholder(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!placeholder) return false;
   {
     std::lock_guard<std::mutex> guard(lock_);
     auto it = known_.find(inode.key());
@@ -228,7 +225,7 @@ bool InodeTable::detach(Inode& inode, const struct stat& last) {
     return false;
   }
   std::lock_guard<std::mutex> guard(lock_);
-  if (::dup3(placeholder.get(), inode.fd(), O_CLOEXEC) < 0) {
+  if (::dup3(placeholder_.get(), inode.fd(), O_CLOEXEC) < 0) {
     inode.reopen();
     return false;
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fuse_lowlevel.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <atomic>
@@ -241,6 +242,11 @@ class InodeTable {
   // Inode::drained); past it the removal goes ahead as for an open file.
   static constexpr std::chrono::milliseconds kDrainBound{1000};
   std::shared_ptr<Inode> root_;
+  // What a let-go file's descriptor number points at (detach): an unbound socket, nothing on
+  // the target, and a reopen through /proc fails (ENXIO). One for every such file (a dup3 of
+  // it each): a socket made and closed per removal was two system calls of every unlink.
+  // (Without one, made at the start, no file is let go of: each is removed as an open one.)
+  Fd placeholder_{::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0)};
   uint64_t born_ = 0;
   size_t high_ = SIZE_MAX;
   std::function<void()> full_;
