@@ -25,7 +25,7 @@ def _peak(rows: Sequence[dict], key: str | tuple[str, ...]) -> float | None:
     for r in rows:
         parts = [r.get(k) for k in keys]
         if all(p is not None for p in parts):
-            vals.append(sum(parts))
+            vals.append(sum(p for p in parts if p is not None))
     return max(vals) if vals else None
 
 

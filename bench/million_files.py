@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler.stop()
         stop = mnt.stop(600)
         phases["unmount"] = {
-            "seconds": round(float(stop["stop_seconds"]), 1),
+            "seconds": round(float(stop["stop_seconds"]), 1),  # type: ignore[arg-type]
             "exit": stop["exit_code"],
             "after": {},
         }

@@ -285,7 +285,7 @@ def simulate(
             if m.writing():
                 nxt = min(nxt, t + (m.window - m.unsynced) / m.spec.writer_rate)
                 if not m.syncing:
-                    trigger = m.spec.batch
+                    trigger: float = m.spec.batch
                     if m.spec.half_window:
                         trigger = min(trigger, m.window / 2)
                     if m.dirty < trigger:

@@ -83,8 +83,9 @@ def phase_table(run: Path, schedule: str) -> str:
         phases.append((label, start, end))
         start = end
     names = ("samples.csv", "victim.csv", "writer.csv", "probe.csv")
+    empty: dict[str, list[dict[str, str]]] = defaultdict(list)
     samples, victim, writer, probes = (
-        _read(run / n) if (run / n).exists() else defaultdict(list) for n in names
+        _read(run / n) if (run / n).exists() else empty for n in names
     )
     lines = [
         "| arm | phase | device MiB/s | target busy % | cgroup Dirty+WB peak MiB "

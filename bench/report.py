@@ -178,9 +178,11 @@ def markdown_tables(groups: Sequence[dict]) -> str:
             runs = f"{g['ok']}/{g['runs']}"
             cells = [_cell_text(g["metrics"].get(m.key), m.fmt) for m in metrics]
             parts.append(f"| {g['arm']} | {runs} | " + " | ".join(cells) + " |")
-        notes = [f"{g['arm']}: {'; '.join(g['reasons'])}" for g in rows if g["ok"] and g["reasons"]]
-        if notes:
-            parts.append("\nSome repeats did not complete: " + " / ".join(notes))
+        reasons = [
+            f"{g['arm']}: {'; '.join(g['reasons'])}" for g in rows if g["ok"] and g["reasons"]
+        ]
+        if reasons:
+            parts.append("\nSome repeats did not complete: " + " / ".join(reasons))
         parts.append("")
     return "\n".join(parts)
 
@@ -221,14 +223,15 @@ def console_table(groups: Sequence[dict]) -> str:
                     text += f" ({r[key]:.2f}x)"
                 row.append(text)
             table.append(row)
-        full = [r for i, r in enumerate(table) if i not in notes]
-        widths = [max(len(r[i]) for r in full) for i in range(len(table[0]))]
-        widths[0] = max(len(r[0]) for r in table)
-        for i, r in enumerate(table):
+        full = [line for i, line in enumerate(table) if i not in notes]
+        widths = [max(len(line[i]) for line in full) for i in range(len(table[0]))]
+        widths[0] = max(len(line[0]) for line in table)
+        for i, line in enumerate(table):
             if i in notes:
-                lines.append(f"  {r[0]:<{widths[0]}}  {notes[i]}")
+                lines.append(f"  {line[0]:<{widths[0]}}  {notes[i]}")
             else:
-                lines.append("  " + "  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=False)))
+                cells = zip(line, widths, strict=False)
+                lines.append("  " + "  ".join(f"{c:<{w}}" for c, w in cells))
         lines.append("")
     return "\n".join(lines)
 
@@ -349,7 +352,9 @@ def _rate_limit_line(schedule: str | None, x_end: float) -> tuple[list, list] | 
 
     if not schedule:
         return None
-    xs, ys, t = [], [], 0.0
+    xs: list[float] = []
+    ys: list[float] = []
+    t = 0.0
     for step in parse_schedule(schedule):
         if step.rate is None:
             return None if not xs else ([*xs, x_end], [*ys, ys[-1]])

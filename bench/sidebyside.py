@@ -18,6 +18,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.plan import is_idle
 from bench.results import save_png
@@ -188,7 +189,7 @@ def build(cells: Sequence[dict]) -> list[dict]:
             if measured and not any(a["rate"] or a["cpu"] for a in measured):
                 continue  # a run from before this row existed
             for f, c in pairs:
-                ratio: dict[str, list[float]] = {"rate": [], "cpu": []}
+                ratio: dict[str, Any] = {"rate": [], "cpu": []}
                 for i, what in enumerate(("rate", "cpu")):
                     for repeat, fv in per_arm[f].items():
                         cv = per_arm[c].get(repeat)
@@ -212,7 +213,8 @@ def _table(t: dict) -> tuple[list[str], list[list[str]], list[str]]:
         header += [arm, f"{arm} CPU"]
     for f, c in t["pairs"]:
         header += [f"{f}/{c}", f"{f}/{c} CPU"]
-    body, notes = [], {}
+    body: list[list[str]] = []
+    notes: dict[str, None] = {}
     for r in t["rows"]:
         line = [r["title"], f"{r['rate_unit']}, {r['cpu_unit']}"]
         for arm in t["arms"]:

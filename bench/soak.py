@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.daemon import FuseThrottleMount, find_executable
 from bench.million_files import proc_numbers
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     teardown = Teardown()
     workdir = Path("/var/tmp") / f"fusethrottle-soak-{os.getpid()}"
     scratch = Path("/dev/shm") / f"fusethrottle-soak-{os.getpid()}"
-    cycles: list[dict[str, object]] = []
+    cycles: list[dict[str, Any]] = []
     rest: dict[str, dict[str, float]] = {}
     stop_rates = threading.Event()
     code: object = None
@@ -191,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         "tree": {"files": files, "bytes": nbytes},
         "blob_bytes": args.blob * MiB,
         "cycles": len(cycles),
-        "all_exit_0": all(set(c["exit"].values()) == {0} for c in cycles),  # type: ignore[union-attr]
-        "all_verified": all(all(c["verified"].values()) for c in cycles),  # type: ignore[union-attr]
+        "all_exit_0": all(set(c["exit"].values()) == {0} for c in cycles),
+        "all_verified": all(all(c["verified"].values()) for c in cycles),
         "daemon_exit": code,
         "after_first": {k: first[k] for k in ("rss_mib", "fds", "threads")},
         "at_end": {k: last[k] for k in ("rss_mib", "fds", "threads")},

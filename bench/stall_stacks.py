@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -99,7 +98,7 @@ def stall_waits(
 ) -> dict[str, float]:
     """Seconds of each wait sampled inside the operations longer than *longer_than* (pure)."""
     stalls = sorted((t, t + latency) for t, latency in ops if latency > longer_than)
-    seconds: Counter[str] = Counter()
+    seconds: dict[str, float] = {}
     if not stalls:
         return {}
     i = 0
@@ -109,5 +108,6 @@ def stall_waits(
         if i == len(stalls):
             break
         if stalls[i][0] <= t:
-            seconds[wait] += interval
-    return {wait: round(s, 2) for wait, s in seconds.most_common()}
+            seconds[wait] = seconds.get(wait, 0.0) + interval
+    ranked = sorted(seconds.items(), key=lambda item: -item[1])
+    return {wait: round(s, 2) for wait, s in ranked}

@@ -372,6 +372,7 @@ def start(
     cwd: str | Path | None = None,
 ) -> Child:
     """Start a child in its own session (Ctrl-C reaches only us, so we tear down in order)."""
+    out: IO[bytes] | int
     if isinstance(stdout, int):
         out = stdout  # e.g. subprocess.PIPE for the first half of a pipeline
     else:

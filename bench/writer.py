@@ -160,8 +160,8 @@ def files(args: argparse.Namespace) -> dict[str, object]:
     for d in range(dirs):
         (root / f"d{d:03d}").mkdir()
     for i in range(args.count):
-        d = root / f"d{i * dirs // args.count:03d}"
-        fd = os.open(d / f"f{i:06d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        where = root / f"d{i * dirs // args.count:03d}"
+        fd = os.open(where / f"f{i:06d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         if payload:
             os.write(fd, payload)
         os.close(fd)

@@ -62,16 +62,15 @@ def _report(name: str, job: vm.JobResult, out: Path) -> bool:
     where = f"{out}"
     if job.exit is None:
         print(f"{name}: the guest never reported (see {out}/console.log)", file=sys.stderr)
-        tail = "\n".join(job.console.splitlines()[-15:])
-        print(tail, file=sys.stderr)
+        print("\n".join(job.console.splitlines()[-15:]), file=sys.stderr)
         return False
     for command in job.result.get("commands", []):
         state = "ok" if command["exit"] == 0 else f"FAILED (exit {command['exit']})"
         print(f"{name}: {command['name']} {state} in {command['seconds']} s ({where})")
         log_file = out / f"{command['name']}.log"
         if command["exit"] != 0 and log_file.exists():
-            tail = log_file.read_text(errors="replace").splitlines()[-60:]
-            print("\n".join(tail), file=sys.stderr)
+            lines = log_file.read_text(errors="replace").splitlines()[-60:]
+            print("\n".join(lines), file=sys.stderr)
     if not job.result:
         print(f"{name}: the guest failed before its commands:", file=sys.stderr)
         print("\n".join(job.guest_log.splitlines()[-15:]), file=sys.stderr)

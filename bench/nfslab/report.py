@@ -52,7 +52,7 @@ def _cell(text: str, limit: int = 300) -> str:
 
 def tables(out: Path) -> str:
     profiles = sorted(p.name for p in out.iterdir() if p.is_dir())
-    runs = {p: {} for p in profiles}
+    runs: dict[str, dict[str, tuple[str, float, str]]] = {p: {} for p in profiles}
     for profile in profiles:
         for xml in sorted((out / profile).glob("*.xml")):
             runs[profile].update(outcomes(xml))
