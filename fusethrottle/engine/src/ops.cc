@@ -812,6 +812,7 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
   if (!engine.window().admit(size, [&call, req] { return call.unanswered.load() != req; })) {
     return (void)answer(fuse_reply_err, req, EINTR);
   }
+  Window::Reservation reserved(engine.window(), size);
   OpenFile& file = borrow<OpenFile>(fi);
   file.used();
   ssize_t n = 0;
@@ -830,7 +831,8 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
     if (!err) view.wrote_to(off + n);
   }
   // What landed owes the target a sync, the part before a failure too.
-  engine.window().landed(engine.inodes().share(node), size, n, off);
+  std::shared_ptr<Inode> written_to = engine.inodes().share(node);
+  engine.window().landed(written_to, reserved.take(), n, off);
   if (err) {
     engine.events().lost(node, inode_of(req, node).fd(), err);
     return (void)answer(fuse_reply_err, req, err);

@@ -124,6 +124,23 @@ class Window {
   static constexpr double kAbandonedCheck = 0.1;
   // A write that reserved *reserved* ended: *written* bytes (at *off*) reached the target.
   void landed(const std::shared_ptr<Inode>& inode, uint64_t reserved, int64_t written, int64_t off);
+  // What admit() reserved for one write, until the write lands (take() hands it to landed()).
+  // A write that never gets there (its handler threw in between) gives it back here: the
+  // window must not shrink for good by bytes nobody will write.
+  class Reservation {
+   public:
+    Reservation(Window& window, uint64_t bytes) : window_(window), bytes_(bytes) {}
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+    ~Reservation() {
+      if (bytes_ != 0) window_.landed(nullptr, bytes_, 0, 0);
+    }
+    uint64_t take() { return std::exchange(bytes_, 0); }
+
+   private:
+    Window& window_;
+    uint64_t bytes_;
+  };
   // The file's pending sync error, handed out once (0: none).
   int take_error(Inode& inode);
   // The file's data needs no sync any more (truncated to nothing).

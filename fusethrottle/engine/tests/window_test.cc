@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -214,6 +215,30 @@ void test_a_writer_killed_at_the_gate_leaves_it_reserving_nothing() {
   if (jobs.size() == 1) w.end_sync(jobs[0], 0);
   CHECK(w.admit(8 * MiB, [] { return false; }));
   CHECK(w.stats().unsynced == 8 * MiB);
+}
+
+// A write whose handler fails between the gate and the target (an exception the request loop
+// answers EIO) gives its room back: the window is not smaller for every later writer.
+void test_a_write_that_never_lands_gives_its_room_back() {
+  ft::Window w(params());
+  auto a = file(1);
+  CHECK(w.admit(60 * MiB));
+  try {
+    ft::Window::Reservation reserved(w, 60 * MiB);
+    CHECK(w.stats().reserved == 60 * MiB);
+    throw std::runtime_error("the handler failed before the write reached the target");
+  } catch (const std::runtime_error&) {
+  }
+  auto s = w.stats();
+  CHECK(s.reserved == 0 && s.unsynced == 0);
+  // The whole window is there for the next writer, at once.
+  CHECK(w.admit(60 * MiB, [] { return false; }));
+  {
+    ft::Window::Reservation reserved(w, 60 * MiB);
+    w.landed(a, reserved.take(), 60 * MiB, 0);
+  }
+  s = w.stats();
+  CHECK(s.reserved == 0 && s.unsynced == 60 * MiB && s.throttled == 0);
 }
 
 void test_a_forgotten_file_is_synced_even_without_injection() {
@@ -602,6 +627,7 @@ int main() {
   test_the_gate_holds_a_write_until_a_sync_makes_room();
   test_a_writer_killed_at_the_gate_leaves_it_reserving_nothing();
   test_three_hundred_writers_at_a_full_gate_all_get_through_within_the_window();
+  test_a_write_that_never_lands_gives_its_room_back();
   test_a_forgotten_file_is_synced_even_without_injection();
   test_a_file_about_to_be_removed_is_let_go_of_unless_open_or_syncing();
   test_a_removal_waits_for_a_closed_handles_release_but_not_for_an_open_handle();
