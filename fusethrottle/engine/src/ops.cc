@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -421,15 +422,47 @@ bool may_be_kernels_times(const Engine& engine, const Inode& inode, int to_set) 
   return engine.writeback_cache() && inode.is_regular() && (to_set & kNotTheKernels) == 0;
 }
 
+// *target*: the file's attributes on the target (nullptr: not looked at, then an mtime must be
+// the kernel's own one seen earlier).
 bool kernels_own_times(Inode& inode, const struct stat& attr, int to_set, const fuse_file_info* fi,
-                       const struct stat& now) {
+                       const struct stat* target) {
   if (!(to_set & FUSE_SET_ATTR_MTIME)) return true;
   int64_t mtime = nanoseconds(attr.st_mtim);
   if (fi != nullptr) {
     inode.set_kernel_mtime(mtime);
     return true;
   }
-  return mtime == nanoseconds(now.st_mtim) || mtime == inode.kernel_mtime();
+  return mtime == inode.kernel_mtime() || (target != nullptr && mtime == nanoseconds(target->st_mtim));
+}
+
+// The reply to the kernel's own times of a regular file it caches: the kernel keeps its own
+// size and times then (fuse_get_cache_mask) and nothing of the reply matters beyond it, so it
+// comes from the target client's cache (AT_STATX_DONT_SYNC). On NFS a stat of a file just
+// written or renamed is a GETATTR (after a flush of the client's dirty pages), one per file an
+// rsync writes. The reply gets no time to live: the kernel asks again before it shows any of
+// it or checks a permission with it. 0 or the errno.
+int kernels_part(int fd, struct stat* st) {
+  constexpr unsigned kWanted =
+      STATX_TYPE | STATX_MODE | STATX_NLINK | STATX_UID | STATX_GID | STATX_INO;
+  struct statx sx {};
+  constexpr int kFlags = AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC;
+  if (::statx(fd, "", kFlags, kWanted, &sx) != 0) return failed();
+  if ((sx.stx_mask & kWanted) != kWanted) return EOPNOTSUPP;
+  *st = {};
+  st->st_dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+  st->st_ino = sx.stx_ino;
+  st->st_mode = sx.stx_mode;
+  st->st_nlink = sx.stx_nlink;
+  st->st_uid = sx.stx_uid;
+  st->st_gid = sx.stx_gid;
+  st->st_rdev = makedev(sx.stx_rdev_major, sx.stx_rdev_minor);
+  st->st_size = static_cast<off_t>(sx.stx_size);
+  st->st_blksize = sx.stx_blksize;
+  st->st_blocks = static_cast<blkcnt_t>(sx.stx_blocks);
+  st->st_atim = {sx.stx_atime.tv_sec, sx.stx_atime.tv_nsec};
+  st->st_mtim = {sx.stx_mtime.tv_sec, sx.stx_mtime.tv_nsec};
+  st->st_ctim = {sx.stx_ctime.tv_sec, sx.stx_ctime.tv_nsec};
+  return 0;
 }
 
 void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, fuse_file_info* fi) {
@@ -445,10 +478,13 @@ void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, 
     return (void)answer(fuse_reply_err, req, ENOENT);
   }
   if (may_be_kernels_times(engine_of(req), inode, to_set)) {
+    int fd = fi != nullptr ? borrow<OpenFile>(fi).fd.get() : inode.fd();
+    struct stat kept {};
+    if (kernels_own_times(inode, *attr, to_set, fi, nullptr) && kernels_part(fd, &kept) == 0)
+      return (void)answer(fuse_reply_attr, req, &kept, 0.0);
     struct stat now {};
-    int err = fi != nullptr ? (::fstat(borrow<OpenFile>(fi).fd.get(), &now) == 0 ? 0 : failed())
-                            : stat_inode(inode, &now);
-    if (err == 0 && kernels_own_times(inode, *attr, to_set, fi, now))
+    int err = fi != nullptr ? (::fstat(fd, &now) == 0 ? 0 : failed()) : stat_inode(inode, &now);
+    if (err == 0 && kernels_own_times(inode, *attr, to_set, fi, &now))
       return (void)answer(fuse_reply_attr, req, &now, engine_of(req).options().attr_timeout);
   }
   struct stat now {};
