@@ -20,7 +20,7 @@ other arm of the same run (the VM's CPU is many times slower than a real one). R
 
 Knobs (environment): FTLAB_WIRE_FILES (300), FTLAB_WIRE_DIRS (3), FTLAB_WIRE_SIZE (4096 bytes
 per file), FTLAB_WIRE_STREAM_MIB (64), FTLAB_WIRE_REPEATS (1), FTLAB_WIRE_WORKLOADS and
-FTLAB_WIRE_ARMS (comma lists, default all: direct, ft, c-ll-wb, ft-nowb, ft-attr30),
+FTLAB_WIRE_ARMS (comma lists, default all: direct, ft, c-ll-wb, ft-nowb, ft-attr30, ft-target),
 FTLAB_WIRE_TRACE=1 (record the kernel's trace of system calls, FUSE requests and RPCs of each
 fusethrottle run, for finding where an RPC comes from; slow, use with few files).
 """
@@ -215,6 +215,9 @@ ARMS = (
     # per directory in use per second, which the VM's slow creates spread over few files. NFS
     # itself revalidates directories every acdirmin (30 s): this arm shows what is left then.
     Arm("ft-attr30", ("attr_timeout=30s",)),
+    # The target decides permissions (no default_permissions): the kernel then has no reason to
+    # re-read a directory's attributes after each change in it before the next permission check.
+    Arm("ft-target", ("permissions=target",)),
 )
 
 
