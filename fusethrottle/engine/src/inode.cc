@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -56,14 +57,24 @@ void InodeTable::move(Inode& inode, Place to) {
   inode.place_ = to;
 }
 
-std::string handle_of(int fd) {
+namespace {
+// The device of the last file system that has no handles to give (the NFS client: EOPNOTSUPP),
+// 0 for none: its objects are not asked again, a system call per lookup saved.
+std::atomic<uint64_t> no_handles_dev{0};
+}  // namespace
+
+std::string handle_of(int fd, dev_t dev) {
+  if (dev != 0 && no_handles_dev.load(std::memory_order_relaxed) == dev) return {};
   struct {
     file_handle head;
     unsigned char bytes[MAX_HANDLE_SZ];
   } found{};
   found.head.handle_bytes = MAX_HANDLE_SZ;
   int mount_id = 0;
-  if (::name_to_handle_at(fd, "", &found.head, &mount_id, AT_EMPTY_PATH) != 0) return {};
+  if (::name_to_handle_at(fd, "", &found.head, &mount_id, AT_EMPTY_PATH) != 0) {
+    if (errno == EOPNOTSUPP && dev != 0) no_handles_dev.store(dev, std::memory_order_relaxed);
+    return {};
+  }
   std::string handle(reinterpret_cast<const char*>(&found.head.handle_type), sizeof(int));
   handle.append(reinterpret_cast<const char*>(found.head.f_handle), found.head.handle_bytes);
   return handle;
@@ -74,7 +85,7 @@ int InodeTable::open_root(const char* source) {
   if (!fd) return -errno;
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return -errno;
-  std::string handle = handle_of(fd.get());
+  std::string handle = handle_of(fd.get(), st.st_dev);
   root_ = std::make_shared<Inode>(std::move(fd), InodeKey{st.st_dev, st.st_ino}, st.st_mode,
                                   std::move(handle));
   return 0;

@@ -28,11 +28,13 @@ struct InodeKey {
   bool operator==(const InodeKey& o) const { return dev == o.dev && ino == o.ino; }
 };
 
-// The target's file handle of an object (name_to_handle_at: type and bytes; empty where the
-// target has none). A file system gives a removed object's inode number to a new one, and on
-// NFS another host may do so while this host still holds the old object (the server knows
-// nothing of an O_PATH descriptor): the handle tells the two apart without asking the target.
-std::string handle_of(int fd);
+// The target's file handle of an object on device *dev* (name_to_handle_at: type and bytes;
+// empty where the file system has none). A file system gives a removed object's inode number
+// to a new one: the handle tells the two apart without asking the target. The NFS client
+// gives no handles (EOPNOTSUPP, as on 6.12): there another host's new object under a number
+// this host still holds is told apart only by its type, and else by the server's ESTALE for
+// the old one (ops.cc: look_again).
+std::string handle_of(int fd, dev_t dev);
 
 // Where a file stands in the table: the one state of its life the table keeps (guarded by the
 // table's lock), moved only by InodeTable (inode.cc), each move checked against `legal`.
@@ -93,9 +95,16 @@ class Inode : public std::enable_shared_from_this<Inode> {
   void reopen() { use_.fetch_and(~kLetGo, std::memory_order_acq_rel); }
   // Its attributes when it was let go of, with no link left (valid once detached()).
   const struct stat& removed() const { return removed_; }
-  // Whether *type* and *handle*, just looked up under its key, are this object (see handle_of;
-  // where the target has no handles only a change of type shows).
+  // Whether *type* and *handle*, just looked up under its key, are this object (see handle_of).
+  // Where the target has no handles (NFS), one the target called stale is not: the server's
+  // ESTALE says its object is gone, so what the key names now is another; else only a change
+  // of type shows.
   bool same_object(mode_t type, const std::string& handle) const {
+    if (!handle.empty() && !handle_.empty()) return handle == handle_;
+    return !stale() && (type & S_IFMT) == type_;
+  }
+  // Whether they may be this object, as far as the handle and type tell (the stale aside).
+  bool may_be(mode_t type, const std::string& handle) const {
     if (!handle.empty() && !handle_.empty()) return handle == handle_;
     return (type & S_IFMT) == type_;
   }

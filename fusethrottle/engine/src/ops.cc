@@ -79,7 +79,7 @@ int find_name(int dir, const char* name, Fd* fd, struct stat* st, std::string* h
   fd->reset(::openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
   if (!*fd) return failed();
   if (::fstatat(fd->get(), "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return failed();
-  *handle = handle_of(fd->get());
+  *handle = handle_of(fd->get(), st->st_dev);
   return 0;
 }
 
@@ -113,7 +113,7 @@ int look_up(Engine& engine, fuse_ino_t parent, const char* name, fuse_entry_para
     err = look_again(dir, name, nullptr, &fd, &entry->attr, &handle);
   } else if (err == 0) {
     auto known = engine.inodes().find(InodeKey{entry->attr.st_dev, entry->attr.st_ino});
-    if (known && known->stale() && known->same_object(entry->attr.st_mode, handle))
+    if (known && known->stale() && known->may_be(entry->attr.st_mode, handle))
       err = look_again(dir, name, known.get(), &fd, &entry->attr, &handle);
   }
   if (err) return err;

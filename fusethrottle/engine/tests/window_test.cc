@@ -465,7 +465,39 @@ void test_a_files_place_in_the_table_moves_only_as_its_life_allows() {
   CHECK(table.forget(fresh, 1, owed) != nullptr);
   CHECK(table.forget(other, 1, owed) != nullptr);
   CHECK(table.size() == 0);
+  // Where the target has no handles (NFS): the same type under the key is the same object,
+  // unless the target called the one held stale: its object is gone, the key names another.
+  st.st_ino = 11;
+  st.st_mode = S_IFREG | 0644;
+  fuse_ino_t held = table.remember(path(), st, "");
+  CHECK(table.remember(path(), st, "") == held);
+  table.share(held)->set_stale(true);
+  fuse_ino_t anew = table.remember(path(), st, "");
+  CHECK(anew != held);
+  CHECK(table.share(held)->place() == Place::kRetired);
+  CHECK(!table.share(anew)->stale());
+  CHECK(table.forget(held, 2, owed) != nullptr);
+  CHECK(table.forget(anew, 1, owed) != nullptr);
+  CHECK(table.size() == 0);
   CHECK(table.illegal_moves() == 0);
+}
+
+// A file system without handles (procfs here, the NFS client in the lab) is not asked again;
+// one that has them still is.
+void test_a_file_system_without_handles_leaves_the_others_theirs() {
+  auto handle_at = [](const char* path) {
+    ft::Fd fd(::open(path, O_PATH | O_CLOEXEC));
+    struct stat st {};
+    CHECK(fd && ::fstat(fd.get(), &st) == 0);
+    return ft::handle_of(fd.get(), st.st_dev);
+  };
+  CHECK(handle_at("/proc/self/status").empty());
+  CHECK(handle_at("/proc/self/status").empty());
+  char made[] = "/dev/shm/ft-handle-XXXXXX";  // tmpfs: handles
+  ft::Fd file(::mkstemp(made));
+  CHECK(file);
+  CHECK(!handle_at(made).empty());
+  ::unlink(made);
 }
 
 struct stat sized(off_t size, int64_t mtime_s) {
@@ -635,6 +667,7 @@ int main() {
   test_a_file_forgotten_while_it_owes_a_sync_is_found_again_as_itself();
   test_a_files_place_in_the_table_moves_only_as_its_life_allows();
   test_another_writers_change_renews_the_kernels_inode_only_when_nobody_has_it_open();
+  test_a_file_system_without_handles_leaves_the_others_theirs();
   test_the_mounts_own_writes_are_not_taken_for_another_writers();
   if (failures != 0) {
     std::fprintf(stderr, "window_test: %d check(s) failed\n", failures);
