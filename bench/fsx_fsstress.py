@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.daemon import FuseThrottleMount, chosen_arms
+from bench.suite_arms import head_commit, mount_arm, pick_arms
 from bench.system import ArmSkipped, Teardown, scratch_ext4
 
 log = logging.getLogger(__name__)
@@ -202,13 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"bench.fsx_fsstress: no {' or '.join(missing)} in {args.tools}", file=sys.stderr)
         return 2
-    arms, exe, wrong = chosen_arms(args.arms, ARMS, args.fusethrottle)
-    if wrong is not None:
-        print(f"bench.fsx_fsstress: {wrong}", file=sys.stderr)
+    picked = pick_arms("bench.fsx_fsstress", args.arms, ARMS, args.fusethrottle)
+    if picked is None:
         return 2
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    arms, exe = picked
+    commit = head_commit()
     args.out.mkdir(parents=True, exist_ok=True)
     teardown = Teardown()
     results: dict[str, dict] = {}
@@ -224,13 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[arm] = {"runs": runs}
                 shutil.rmtree(source, ignore_errors=True)  # each arm: the same free space
                 continue
-            assert exe is not None
-            mnt = FuseThrottleMount(
-                exe, source, scratch / f"mnt-{arm}", options, scratch / f"{arm}.log",
-                teardown, None, metrics=False,
-            )  # fmt: skip
             try:
-                mnt.start()
+                mnt = mount_arm(exe, arm, options, source, scratch, teardown)
             except ArmSkipped as why:
                 results[arm] = {"skipped": str(why)}
                 continue

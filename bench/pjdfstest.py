@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.daemon import FuseThrottleMount, chosen_arms
+from bench.suite_arms import head_commit, mount_arm, pick_arms
 from bench.system import ArmSkipped, Teardown, scratch_ext4
 
 log = logging.getLogger(__name__)
@@ -174,13 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.pjdfstest / "pjdfstest").is_file() or not (args.pjdfstest / "tests").is_dir():
         print(f"bench.pjdfstest: no built pjdfstest in {args.pjdfstest}", file=sys.stderr)
         return 2
-    arms, exe, wrong = chosen_arms(args.arms, ARMS, args.fusethrottle)
-    if wrong is not None:
-        print(f"bench.pjdfstest: {wrong}", file=sys.stderr)
+    picked = pick_arms("bench.pjdfstest", args.arms, ARMS, args.fusethrottle)
+    if picked is None:
         return 2
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    arms, exe = picked
+    commit = head_commit()
     args.out.mkdir(parents=True, exist_ok=True)
     teardown = Teardown()
     results: dict[str, dict] = {}
@@ -194,19 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             if options is None:
                 result, output, took = run_arm(args.pjdfstest, source)
             else:
-                assert exe is not None
-                mnt = FuseThrottleMount(
-                    exe,
-                    source,
-                    scratch / f"mnt-{arm}",
-                    options,
-                    scratch / f"{arm}.log",
-                    teardown,
-                    None,
-                    metrics=False,
-                )
                 try:
-                    mnt.start()
+                    mnt = mount_arm(exe, arm, options, source, scratch, teardown)
                 except ArmSkipped as why:
                     results[arm] = {"skipped": str(why)}
                     continue
