@@ -33,7 +33,7 @@ struct InodeKey {
 // to a new one: the handle tells the two apart without asking the target. The NFS client
 // gives no handles (EOPNOTSUPP, as on 6.12): there another host's new object under a number
 // this host still holds is told apart only by its type, and else by the server's ESTALE for
-// the old one (ops.cc: look_again).
+// the old one (Inode::same_object).
 std::string handle_of(int fd, dev_t dev);
 
 // Where a file stands in the table: the one state of its life the table keeps (guarded by the
