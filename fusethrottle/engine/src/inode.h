@@ -100,14 +100,14 @@ class Inode : public std::enable_shared_from_this<Inode> {
   // ESTALE says its object is gone, so what the key names now is another; else only a change
   // of type shows.
   bool same_object(mode_t type, const std::string& handle) const {
-    if (!handle.empty() && !handle_.empty()) return handle == handle_;
-    return !stale() && (type & S_IFMT) == type_;
+    return may_be(type, handle) && (by_handle(handle) || !stale());
   }
   // Whether they may be this object, as far as the handle and type tell (the stale aside).
   bool may_be(mode_t type, const std::string& handle) const {
-    if (!handle.empty() && !handle_.empty()) return handle == handle_;
-    return (type & S_IFMT) == type_;
+    return by_handle(handle) ? handle == handle_ : (type & S_IFMT) == type_;
   }
+  // Whether both sides have a handle to compare.
+  bool by_handle(const std::string& handle) const { return !handle.empty() && !handle_.empty(); }
 
   // The target answered ESTALE to a call through it (another host removed or replaced the
   // object): a lookup that finds it again under a name has the target's client look the name
