@@ -143,6 +143,16 @@ def _maps(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
 
+def _thread_names(pid: int) -> set[str]:
+    names = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            names.add((task / "comm").read_text().strip())
+        except FileNotFoundError:
+            continue  # a thread that just ended
+    return names
+
+
 @pytest.mark.mount
 @needs_engine
 def test_the_native_engine_serves_the_mount(make_mount: MakeMount) -> None:
@@ -151,6 +161,8 @@ def test_the_native_engine_serves_the_mount(make_mount: MakeMount) -> None:
     assert ft.source is not None
     assert (ft.source / "a").read_bytes() == b"through the engine"
     assert "libfusethrottle_engine" in _maps(ft.pid)
+    # `top -H`, perf and the lab's CPU count of the request threads tell them by name.
+    assert {"ft-serve", "ft-sync", "ft-sync-decide"} <= _thread_names(ft.pid)
     # Logged once its own check from outside saw the mount answer: maybe after ours.
     assert wait_for(lambda: "with the native engine" in ft.log(), 30), ft.log()
 

@@ -234,7 +234,27 @@ def _mounted(path: Path) -> bool:
 
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU of a process and its threads so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return _stat_cpu(Path(f"/proc/{pid}/stat"))
+
+
+def _request_cpu_seconds(pid: int, whole: bool) -> float:
+    """CPU of the threads that serve requests: the engine's (named ``ft-*``: the control
+    plane's Python, a TCG guest's costliest part, is left out), or all of them (*whole*: the C
+    passthrough has no other kind)."""
+    if whole:
+        return _cpu_seconds(pid)
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().startswith("ft-"):
+                total += _stat_cpu(task / "stat")
+        except OSError:
+            continue  # the thread ended
+    return total
+
+
+def _stat_cpu(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -345,6 +365,8 @@ class Run:
     unmount_seconds: float = 0.0
     exit: int | None = None
     daemon_cpu: float = 0.0
+    #: Of that, the request threads' (see _request_cpu_seconds).
+    request_cpu: float = 0.0
     #: The daemon's own view of the work phase: FUSE requests, target operations, meter.
     requests: dict[str, int] = field(default_factory=dict)
     target_ops: dict[str, int] = field(default_factory=dict)
@@ -385,6 +407,7 @@ def run_one(workload: Workload, arm: Arm, spec: Spec, tag: str, trace: bool) -> 
         root = base
     status0 = daemon.status() if daemon else {}
     cpu0 = _cpu_seconds(daemon.proc.pid) if daemon else 0.0
+    request_cpu0 = _request_cpu_seconds(daemon.proc.pid, daemon.c_passthrough) if daemon else 0.0
     if trace:
         trace_start()
     wire0 = mountstats.read(str(EXPORT))
@@ -403,8 +426,10 @@ def run_one(workload: Workload, arm: Arm, spec: Spec, tag: str, trace: bool) -> 
     run.error = error
     run.write_bytes = wire1["write_bytes"] - wire0["write_bytes"]
     if daemon is not None:
-        status1 = daemon.status()
+        # Before the status request, whose answer (Python) is not the workload's.
         run.daemon_cpu = _cpu_seconds(daemon.proc.pid) - cpu0
+        run.request_cpu = _request_cpu_seconds(daemon.proc.pid, daemon.c_passthrough) - request_cpu0
+        status1 = daemon.status()
         run.requests = _delta(status0.get("operations", {}), status1.get("operations", {}))
         run.target_ops = _delta(
             status0.get("target_operations", {}), status1.get("target_operations", {})
@@ -555,6 +580,11 @@ def report(runs: list[Run], spec: Spec, profile: str, arms: list[str]) -> str:
             )
         lines.append(
             "| daemon CPU s | " + " | ".join(_fmt(chosen[a].daemon_cpu) for a in present) + " |"
+        )
+        lines.append(
+            "| of which request threads | "
+            + " | ".join(_fmt(chosen[a].request_cpu) for a in present)
+            + " |"
         )
         lines.append(
             "| of which at unmount | "

@@ -15,6 +15,7 @@
 
 #include "caller.h"
 #include "fusethrottle_engine.h"
+#include "thread_name.h"
 
 namespace ft {
 
@@ -88,6 +89,7 @@ int Engine::serve() {
   fuse_loop_cfg_set_clone_fd(config.get(), 1);
   fuse_loop_cfg_set_max_threads(config.get(), options_.max_threads);
   fuse_loop_cfg_set_idle_threads(config.get(), options_.max_threads);
+  ThreadName serving("ft-serve");  // libfuse's request threads inherit it
   int rc = fuse_session_loop_mt(session_.get(), config.get());
   return rc > 0 ? -EINTR : rc;  // a signal ended it: the control plane asked
 }

@@ -10,6 +10,7 @@
 
 #include "caller.h"
 #include "inode.h"
+#include "thread_name.h"
 
 namespace ft {
 
@@ -92,8 +93,15 @@ int sync_job(SyncJob& job) {
 }
 
 void Flusher::start(unsigned sync_threads) {
-  decider_ = std::thread([this] { decide(); });
-  for (unsigned i = 0; i < std::max(1u, sync_threads); i++) workers_.emplace_back([this] { work(); });
+  decider_ = std::thread([this] {
+    name_this_thread("ft-sync-decide");
+    decide();
+  });
+  for (unsigned i = 0; i < std::max(1u, sync_threads); i++)
+    workers_.emplace_back([this] {
+      name_this_thread("ft-sync");
+      work();
+    });
 }
 
 void Flusher::decide() {

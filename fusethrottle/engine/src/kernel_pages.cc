@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "inode.h"
+#include "thread_name.h"
 
 namespace ft {
 
@@ -15,7 +16,10 @@ const int64_t kPage = ::sysconf(_SC_PAGESIZE);
 
 void KernelPages::start(fuse_session* session) {
   session_ = session;
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("ft-drop-pages");
+    run();
+  });
 }
 
 void KernelPages::stop() {

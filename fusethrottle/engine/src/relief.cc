@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "inode.h"
+#include "thread_name.h"
 #include "window.h"
 
 namespace ft {
@@ -39,7 +40,10 @@ void Relief::start(fuse_session* session, ReliefBounds bounds) {
     }
     wake_.notify_one();
   });
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("ft-relief");
+    run();
+  });
 }
 
 void Relief::run() {
