@@ -115,9 +115,9 @@ def ft(make_mount: MakeMount) -> Daemon:
 
 @pytest.fixture
 def make_memfs(workdir: Path) -> Iterator[Callable[..., tuple[Daemon, Path]]]:
-    """``make_memfs(name, stale_unlinked=False, slow_getattr=0.0, slow_all_while=None)`` ->
-    (memfs Daemon, its
-    write/fsync record file)."""
+    """``make_memfs(name, stale_unlinked=False, slow_getattr=0.0, slow_all_while=None,
+    log_attributes=False)`` -> (memfs Daemon, its record file: writes and fsyncs, and with
+    *log_attributes* stats and setattrs)."""
     daemons: list[Daemon] = []
 
     def make(
@@ -125,6 +125,7 @@ def make_memfs(workdir: Path) -> Iterator[Callable[..., tuple[Daemon, Path]]]:
         stale_unlinked: bool = False,
         slow_getattr: float = 0.0,
         slow_all_while: tuple[Path, float] | None = None,
+        log_attributes: bool = False,
     ) -> tuple[Daemon, Path]:
         mountpoint = workdir / name
         mountpoint.mkdir(exist_ok=True)
@@ -136,6 +137,7 @@ def make_memfs(workdir: Path) -> Iterator[Callable[..., tuple[Daemon, Path]]]:
             stale_unlinked=stale_unlinked,
             slow_getattr=slow_getattr,
             slow_all_while=slow_all_while,
+            log_attributes=log_attributes,
         )
         daemons.append(daemon)
         return daemon, record

@@ -7,7 +7,7 @@
  * into it hangs exactly like a dead NFS server.
  *
  * Usage: memfs MOUNTPOINT LOGFILE [--stale-unlinked] [--slow-getattr=SECONDS]
- *              [--slow-all-while=PATH:SECONDS]
+ *              [--slow-all-while=PATH:SECONDS] [--log-attributes]
  * SIGTERM, SIGINT or `fusermount3 -u` ends it (exit 0).
  *
  * --stale-unlinked: a removed file is gone for everyone, as on an NFS server when another
@@ -15,9 +15,12 @@
  * --slow-getattr: every stat takes that long to answer, as on a server that is slow but alive.
  * --slow-all-while: every call except statfs and release takes SECONDS while PATH (outside
  *   the file system) exists: a target that turns slow once a test has set up its files.
+ * --log-attributes: every stat and setattr of a named node is logged too, so a test can see
+ *   what a request through the mount cost the target.
  *
- * The log gets one line per event: "write NAME OFF LEN" and "fsync NAME SIZE DATASYNC", where
- * NAME is the name the file was created with. Only what the tests need is implemented;
+ * The log gets one line per event: "write NAME OFF LEN" and "fsync NAME SIZE DATASYNC" (and
+ * with --log-attributes "getattr NAME" and "setattr NAME TO_SET"), where NAME is the name the
+ * file was created with. Only what the tests need is implemented;
  * everything else answers ENOSYS (libfuse's answer for an operation that is not set).
  *
  * Requests are served by libfuse's multithreaded loop, so a slow call does not hold up the
@@ -69,6 +72,7 @@ static FILE *record;
 static struct fuse_session *session;
 static int stale_unlinked;
 static double slow_getattr;
+static int log_attributes;
 static const char *slow_path; /* --slow-all-while */
 static double slow_seconds;
 
@@ -285,6 +289,8 @@ static void mf_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	n = get(ino);
 	if (n != NULL)
 		fill_attr(ino, n, &st);
+	if (n != NULL && n->name != NULL && log_attributes)
+		fprintf(record, "getattr %s\n", n->name);
 	pthread_mutex_unlock(&lock);
 	if (n != NULL)
 		fuse_reply_attr(req, &st, 0);
@@ -312,6 +318,8 @@ static void mf_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		err = resize(n, (size_t)attr->st_size);
 	if (err == 0 && (to_set & FUSE_SET_ATTR_MODE))
 		n->mode = (n->mode & S_IFMT) | (attr->st_mode & 07777);
+	if (err == 0 && n->name != NULL && log_attributes)
+		fprintf(record, "setattr %s %d\n", n->name, to_set);
 	if (err == 0)
 		fill_attr(ino, n, &st);
 	pthread_mutex_unlock(&lock);
@@ -486,6 +494,75 @@ static void mf_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 	fuse_reply_err(req, found ? 0 : ENOENT);
 }
 
+/* Files only: a directory is neither moved nor replaced. The node keeps the name it was
+ * created with (the log's); the entry takes the new one. */
+static int rename_locked(fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+			 const char *newname)
+{
+	struct node *from = get(parent), *to = get(newparent), *moved;
+	size_t at, there;
+	int found;
+	fuse_ino_t ino;
+	char *copy;
+
+	if (from == NULL || to == NULL)
+		return ENOENT;
+	at = find_kid(from, name, &found);
+	if (!found)
+		return ENOENT;
+	ino = from->kids[at].ino;
+	moved = get(ino);
+	if (S_ISDIR(moved->mode))
+		return EXDEV;
+	there = find_kid(to, newname, &found);
+	if (found && to->kids[there].ino == ino)
+		return 0;
+	if (found && S_ISDIR(get(to->kids[there].ino)->mode))
+		return EISDIR;
+	if (!found && to->nkids == to->kids_cap) {
+		size_t cap = to->kids_cap ? to->kids_cap * 2 : 8;
+		struct entry *grown = realloc(to->kids, cap * sizeof(*to->kids));
+
+		if (grown == NULL)
+			return ENOMEM;
+		to->kids = grown;
+		to->kids_cap = cap;
+	}
+	copy = strdup(newname); /* kept for memfs's life, as every node is */
+	if (copy == NULL)
+		return ENOMEM;
+	if (found) { /* the file replaced loses this name */
+		get(to->kids[there].ino)->nlink--;
+		to->nkids--;
+		memmove(&to->kids[there], &to->kids[there + 1], (to->nkids - there) * sizeof(*to->kids));
+	}
+	at = find_kid(from, name, &found);
+	from->nkids--;
+	memmove(&from->kids[at], &from->kids[at + 1], (from->nkids - at) * sizeof(*from->kids));
+	there = find_kid(to, newname, &found);
+	memmove(&to->kids[there + 1], &to->kids[there], (to->nkids - there) * sizeof(*to->kids));
+	to->kids[there].name = copy;
+	to->kids[there].ino = ino;
+	to->nkids++;
+	return 0;
+}
+
+static void mf_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+		      const char *newname, unsigned int flags)
+{
+	int err;
+
+	maybe_slow();
+	if (flags != 0) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	pthread_mutex_lock(&lock);
+	err = rename_locked(parent, name, newparent, newname);
+	pthread_mutex_unlock(&lock);
+	fuse_reply_err(req, err);
+}
+
 static void mf_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct node *n;
@@ -596,6 +673,7 @@ static const struct fuse_lowlevel_ops ops = {
 	.release = mf_release,
 	.fsync = mf_fsync,
 	.unlink = mf_unlink,
+	.rename = mf_rename,
 	.opendir = mf_opendir,
 	.readdir = mf_readdir,
 	.readdirplus = mf_readdirplus,
@@ -606,7 +684,8 @@ static const struct fuse_lowlevel_ops ops = {
 static int usage(void)
 {
 	fprintf(stderr, "usage: memfs MOUNTPOINT LOGFILE [--stale-unlinked] "
-			"[--slow-getattr=SECONDS] [--slow-all-while=PATH:SECONDS]\n");
+			"[--slow-getattr=SECONDS] [--slow-all-while=PATH:SECONDS] "
+			"[--log-attributes]\n");
 	return 2;
 }
 
@@ -633,6 +712,8 @@ int main(int argc, char *argv[])
 
 		if (strcmp(arg, "--stale-unlinked") == 0) {
 			stale_unlinked = 1;
+		} else if (strcmp(arg, "--log-attributes") == 0) {
+			log_attributes = 1;
 		} else if (strncmp(arg, "--slow-getattr=", 15) == 0) {
 			slow_getattr = parse_seconds(arg + 15);
 			if (slow_getattr < 0)

@@ -420,8 +420,10 @@ def start_memfs(
     stale_unlinked: bool = False,
     slow_getattr: float = 0.0,
     slow_all_while: tuple[Path, float] | None = None,
+    log_attributes: bool = False,
 ) -> Daemon:
-    """The in-memory target of memfs.c; *record* receives its write/fsync log;
+    """The in-memory target of memfs.c; *record* receives its write/fsync log (with
+    *log_attributes*, its getattr/setattr log too);
     *stale_unlinked*: removed files answer ESTALE, as on NFS after another client's delete;
     *slow_getattr*: seconds every stat takes; *slow_all_while* (PATH, SECONDS): every call
     takes SECONDS while PATH exists."""
@@ -433,6 +435,8 @@ def start_memfs(
         argv.append(f"--slow-getattr={slow_getattr}")
     if slow_all_while is not None:
         argv.append(f"--slow-all-while={slow_all_while[0]}:{slow_all_while[1]}")
+    if log_attributes:
+        argv.append("--log-attributes")
     return _start(argv, mountpoint, log_path, "fuse.memfs", timeout + 2 * slow_getattr)
 
 

@@ -286,6 +286,31 @@ def test_a_file_being_written_is_fsynced_in_batches_before_it_is_closed(
 
 @pytest.mark.mount
 @needs_engine
+def test_the_times_rsync_sets_cost_the_target_nothing_when_the_kernel_hands_them_back(
+    make_memfs: Any, make_mount: MakeMount
+) -> None:
+    """rsync writes each file aside, sets its times and renames it over the name. The kernel's
+    writeback cache keeps the mtime it was given and hands it back after the rename: the
+    target has it already, and a stat to make sure was a GETATTR per file rsync wrote on NFS."""
+    target, record = make_memfs("target", log_attributes=True)
+    ft = make_mount(source=target.mountpoint, options=(), name="over-memfs")
+    aside, final = ft.mountpoint / ".f.XXXXXX", ft.mountpoint / "f"
+    aside.write_bytes(b"rsync's copy" * 300)
+    then = 1_600_000_000_123_456_789
+    os.utime(aside, ns=(then, then))
+    assert "setattr .f.XXXXXX" in record.read_text()  # the times reached the target
+    before = len(record.read_text().splitlines())
+    os.rename(aside, final)
+    os.sync()  # the kernel hands back what it holds of the file's times now
+    after = record.read_text().splitlines()[before:]
+    assert [line for line in after if ".f.XXXXXX" in line and "attr" in line] == []
+    assert os.stat(final).st_mtime_ns == then
+    assert ft.stop() == 0
+    assert (target.mountpoint / "f").read_bytes() == b"rsync's copy" * 300
+
+
+@pytest.mark.mount
+@needs_engine
 def test_a_closed_file_is_fsynced_without_waiting_for_the_end(
     make_memfs: Any, make_mount: MakeMount
 ) -> None:

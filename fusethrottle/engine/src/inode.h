@@ -115,8 +115,9 @@ class Inode : public std::enable_shared_from_this<Inode> {
   void set_stale(bool stale) { stale_.store(stale, std::memory_order_relaxed); }
   bool stale() const { return stale_.load(std::memory_order_relaxed); }
 
-  // The mtime the kernel's writeback cache last handed back with a file handle (ns), see
-  // op_setattr: the same time sent again later without one is still the kernel's own.
+  // The mtime the kernel's writeback cache holds as far as the engine saw (ns): the last one
+  // it handed back with a file handle, or the last one set through it on the target (utimes),
+  // see op_setattr: the same time sent again later without a handle is the kernel's own.
   void set_kernel_mtime(int64_t ns) { kernel_mtime_.store(ns, std::memory_order_relaxed); }
   int64_t kernel_mtime() const { return kernel_mtime_.load(std::memory_order_relaxed); }
 

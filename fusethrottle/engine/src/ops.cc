@@ -411,8 +411,8 @@ int64_t nanoseconds(const struct timespec& t) { return t.tv_sec * 1000000000LL +
 // is not refused setting times only an owner may set). Recognised as: a regular file, times
 // only, no atime and no "now", and either no mtime (ctime alone), or a file handle (only the
 // kernel's own write-back of times carries one; utimes and futimens never do), or the mtime
-// the file has, or the kernel's own one seen earlier with a handle. Any other time reaches
-// the target.
+// the file has, or the kernel's own one seen earlier (handed back with a handle, or set on
+// the target through the mount). Any other time reaches the target.
 constexpr int kBeyondTimes =
     FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID | FUSE_SET_ATTR_SIZE;
 constexpr int kNotTheKernels =
@@ -501,6 +501,12 @@ void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, 
       become_caller();
     }
     if (err) return (void)answer(fuse_reply_err, req, err);
+    // The writeback cache keeps the mtime it sent and hands it back after a rename or at the
+    // file's eviction: known, that hand-back needs no stat of the target (rsync's utimes of
+    // each file it writes, then its rename: a GETATTR per file on NFS).
+    if ((to_set & FUSE_SET_ATTR_MTIME) && !(to_set & FUSE_SET_ATTR_MTIME_NOW) &&
+        may_be_kernels_times(engine_of(req), inode, 0))
+      inode.set_kernel_mtime(nanoseconds(attr->st_mtim));
     // Truncated to nothing: what was written needs no sync any more.
     if ((to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0) engine_of(req).window().discard(inode);
     err = fi != nullptr ? (::fstat(borrow<OpenFile>(fi).fd.get(), &now) == 0 ? 0 : failed())
