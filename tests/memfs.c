@@ -15,8 +15,8 @@
  * --slow-getattr: every stat takes that long to answer, as on a server that is slow but alive.
  * --slow-all-while: every call except statfs and release takes SECONDS while PATH (outside
  *   the file system) exists: a target that turns slow once a test has set up its files.
- * --log-attributes: every stat and setattr of a named node is logged too, so a test can see
- *   what a request through the mount cost the target.
+ * --log-attributes: every stat and setattr of a node but the root is logged too, so a test
+ *   can see what a request through the mount cost the target.
  *
  * The log gets one line per event: "write NAME OFF LEN" and "fsync NAME SIZE DATASYNC" (and
  * with --log-attributes "getattr NAME" and "setattr NAME TO_SET"), where NAME is the name the
@@ -289,8 +289,8 @@ static void mf_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	n = get(ino);
 	if (n != NULL)
 		fill_attr(ino, n, &st);
-	if (n != NULL && n->name != NULL && log_attributes)
-		fprintf(record, "getattr %s\n", n->name);
+	if (n != NULL && n->name != NULL && n->name[0] != '\0' && log_attributes)
+		fprintf(record, "getattr %s\n", n->name); /* the root has no name: not logged */
 	pthread_mutex_unlock(&lock);
 	if (n != NULL)
 		fuse_reply_attr(req, &st, 0);
@@ -318,7 +318,7 @@ static void mf_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		err = resize(n, (size_t)attr->st_size);
 	if (err == 0 && (to_set & FUSE_SET_ATTR_MODE))
 		n->mode = (n->mode & S_IFMT) | (attr->st_mode & 07777);
-	if (err == 0 && n->name != NULL && log_attributes)
+	if (err == 0 && n->name != NULL && n->name[0] != '\0' && log_attributes)
 		fprintf(record, "setattr %s %d\n", n->name, to_set);
 	if (err == 0)
 		fill_attr(ino, n, &st);

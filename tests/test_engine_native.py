@@ -286,6 +286,26 @@ def test_a_file_being_written_is_fsynced_in_batches_before_it_is_closed(
 
 @pytest.mark.mount
 @needs_engine
+def test_the_sync_of_a_closed_file_costs_the_target_no_stat(
+    make_memfs: Any, make_mount: MakeMount
+) -> None:
+    """The sync injected once a written file is closed first asks whether the file still has a
+    name: the target's client knows; asking the target (a plain stat) was a GETATTR on NFS for
+    every file written and renamed (rsync's)."""
+    target, record = make_memfs("target", log_attributes=True)
+    ft = make_mount(source=target.mountpoint, options=(), name="over-memfs")
+    (ft.mountpoint / "closed").write_bytes(b"synced once closed" * 500)
+    assert wait_for(lambda: "fsync closed " in record.read_text(), 30), record.read_text()
+    lines = record.read_text().splitlines()
+    written = max(i for i, line in enumerate(lines) if line.startswith("write closed "))
+    synced = next(i for i, line in enumerate(lines) if line.startswith("fsync closed "))
+    assert "getattr closed" not in lines[written:synced], lines
+    assert ft.stop() == 0
+    assert (target.mountpoint / "closed").read_bytes() == b"synced once closed" * 500
+
+
+@pytest.mark.mount
+@needs_engine
 def test_the_times_rsync_sets_cost_the_target_nothing_when_the_kernel_hands_them_back(
     make_memfs: Any, make_mount: MakeMount
 ) -> None:

@@ -46,6 +46,16 @@ int write_back_in_pieces(int fd, int64_t lo, int64_t hi, int64_t piece) {
   return error;
 }
 
+// Whether the file has no name left, as the target's client last knew (a plain fstat of a
+// file just written or renamed is a GETATTR on NFS: one per file an rsync writes). Wrong only
+// where another host linked a name this one removed: that file's sync is skipped, and its
+// data still reaches the target when its descriptor closes.
+bool no_name_left(int fd) {
+  struct statx sx {};
+  if (::statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_NLINK, &sx) != 0) return false;
+  return (sx.stx_mask & STATX_NLINK) != 0 && sx.stx_nlink == 0;
+}
+
 }  // namespace
 
 int write_back_range(int fd, int64_t off, int64_t len, unsigned flags) {
@@ -54,9 +64,8 @@ int write_back_range(int fd, int64_t off, int64_t len, unsigned flags) {
 }
 
 int sync_job(SyncJob& job) {
-  struct stat st {};
   // A file with no name left needs no sync: nothing can read it after.
-  if (::fstat(job.inode->fd(), &st) == 0 && st.st_nlink == 0) return 0;
+  if (no_name_left(job.inode->fd())) return 0;
   Fd fd = std::move(job.held);
   if (!fd) {
     int error = 0;
