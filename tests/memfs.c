@@ -198,6 +198,21 @@ static int resize(struct node *n, size_t size)
 	return 0;
 }
 
+/* Room in DIR's entries for one more. 0 or ENOMEM. */
+static int room_for_a_kid(struct node *dir)
+{
+	if (dir->nkids == dir->kids_cap) {
+		size_t cap = dir->kids_cap ? dir->kids_cap * 2 : 8;
+		struct entry *grown = realloc(dir->kids, cap * sizeof(*dir->kids));
+
+		if (grown == NULL)
+			return ENOMEM;
+		dir->kids = grown;
+		dir->kids_cap = cap;
+	}
+	return 0;
+}
+
 /* Add a node called NAME to directory PARENT. 0 and *ino, or an errno. */
 static int add_node(fuse_ino_t parent, const char *name, mode_t mode, fuse_ino_t *ino)
 {
@@ -219,15 +234,8 @@ static int add_node(fuse_ino_t parent, const char *name, mode_t mode, fuse_ino_t
 		nodes = grown;
 		nodes_cap = cap;
 	}
-	if (dir->nkids == dir->kids_cap) {
-		size_t cap = dir->kids_cap ? dir->kids_cap * 2 : 8;
-		struct entry *grown = realloc(dir->kids, cap * sizeof(*dir->kids));
-
-		if (grown == NULL)
-			return ENOMEM;
-		dir->kids = grown;
-		dir->kids_cap = cap;
-	}
+	if (room_for_a_kid(dir) != 0)
+		return ENOMEM;
 	n = calloc(1, sizeof(*n));
 	if (n == NULL || (n->name = strdup(name)) == NULL) {
 		free(n);
@@ -519,15 +527,8 @@ static int rename_locked(fuse_ino_t parent, const char *name, fuse_ino_t newpare
 		return 0;
 	if (found && S_ISDIR(get(to->kids[there].ino)->mode))
 		return EISDIR;
-	if (!found && to->nkids == to->kids_cap) {
-		size_t cap = to->kids_cap ? to->kids_cap * 2 : 8;
-		struct entry *grown = realloc(to->kids, cap * sizeof(*to->kids));
-
-		if (grown == NULL)
-			return ENOMEM;
-		to->kids = grown;
-		to->kids_cap = cap;
-	}
+	if (!found && room_for_a_kid(to) != 0)
+		return ENOMEM;
 	copy = strdup(newname); /* kept for memfs's life, as every node is */
 	if (copy == NULL)
 		return ENOMEM;
