@@ -505,7 +505,7 @@ void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, 
     // file's eviction: known, that hand-back needs no stat of the target (rsync's utimes of
     // each file it writes, then its rename: a GETATTR per file on NFS).
     if ((to_set & FUSE_SET_ATTR_MTIME) && !(to_set & FUSE_SET_ATTR_MTIME_NOW) &&
-        may_be_kernels_times(engine_of(req), inode, 0))
+        engine_of(req).writeback_cache() && inode.is_regular())
       inode.set_kernel_mtime(nanoseconds(attr->st_mtim));
     // Truncated to nothing: what was written needs no sync any more.
     if ((to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0) engine_of(req).window().discard(inode);
