@@ -22,8 +22,14 @@ from bench.plan import (
 ALL_ARMS = "idle,direct,direct-fsync,direct-bdi,ft-off,ft-static,ft-adaptive"
 # Like with like: fusethrottle's defaults on tmpfs serve xattrs (the target has them), as
 # passthrough_ll does with -o xattr; with xattrs=off (what the default does on NFS/EFS, which
-# have none) it compares with passthrough_ll's upstream default, which serves none.
-PASSTHROUGH_ARMS = "direct,ft-adaptive,ft-adaptive:xattrs=off,c-ll,c-ll-wb,c-ll-wb:xattr"
+# have none) it compares with passthrough_ll's upstream default, which serves none. And the
+# example with default_permissions: fusethrottle's default has the kernel check permissions,
+# which costs a round trip per created or removed file (a directory's attributes, re-read after
+# each change in it); the example checks nothing unless asked to.
+PASSTHROUGH_ARMS = (
+    "direct,ft-adaptive,ft-adaptive:xattrs=off,c-ll,c-ll-wb,c-ll-wb:xattr,"
+    "c-ll-wb:xattr:default_permissions"
+)
 # Issue 15: the kernel's per-device limit, fusethrottle's default (its target I/O in a memory
 # cgroup of its own) and the container case (daemon and database in one cgroup, no own cgroup).
 DB_ARMS = "idle,direct-bdi,ft-adaptive,ft-adaptive:memory_cgroup=off"

@@ -137,7 +137,8 @@ def offers_xattrs(arm: str) -> bool:
     ``-o xattr``, its upstream default) is never asked again.
     """
     kind, _, param = arm.partition(":")
-    options = {o.strip() for o in param.split(",")}
+    # Several options are joined by ":" in an arm's label (c-ll-wb:xattr:default_permissions).
+    options = {o.strip() for o in param.replace(",", ":").split(":")}
     if kind.startswith("ft-"):
         return "xattrs=off" not in options
     return "xattr" in options

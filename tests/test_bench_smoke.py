@@ -517,6 +517,7 @@ def test_passthrough_preset_measures_the_daemon_defaults() -> None:
         "c-ll",
         "c-ll-wb",
         "c-ll-wb:xattr",
+        "c-ll-wb:xattr:default_permissions",  # the permission checks fusethrottle's default has
     ]
     assert [(w.kind, w.size) for w in full.workloads] == [
         *[(k, 1 << 30) for k in ("dd4k", "dd10k", "dd128k", "dd1m")],
@@ -593,15 +594,23 @@ def _cell(arm: str, repeat: int, rate: float, cpu: float, **extra: object) -> di
 def test_side_by_side_compares_like_with_like_on_xattrs() -> None:
     from bench import sidebyside
 
-    cells = [
-        _cell(arm, 1, 100, 1.0)
-        for arm in ("ft-adaptive", "ft-adaptive:xattrs=off", "c-ll", "c-ll-wb", "c-ll-wb:xattr")
-    ]
-    [table] = sidebyside.build(cells)
+    arms = (
+        "ft-adaptive",
+        "ft-adaptive:xattrs=off",
+        "ft-adaptive:permissions=target:xattrs=off",
+        "c-ll",
+        "c-ll-wb",
+        "c-ll-wb:xattr",
+        "c-ll-wb:xattr:default_permissions",
+    )
+    [table] = sidebyside.build([_cell(arm, 1, 100, 1.0) for arm in arms])
     assert table["pairs"] == [
         ("ft-adaptive", "c-ll-wb:xattr"),
+        ("ft-adaptive", "c-ll-wb:xattr:default_permissions"),
         ("ft-adaptive:xattrs=off", "c-ll-wb"),
         ("ft-adaptive:xattrs=off", "c-ll"),
+        ("ft-adaptive:permissions=target:xattrs=off", "c-ll-wb"),
+        ("ft-adaptive:permissions=target:xattrs=off", "c-ll"),
     ]
 
 
