@@ -5,6 +5,8 @@ Pure and on a fake clock: each test states one rule a user relies on.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from fusethrottle.metering.fleet_share import (
@@ -18,7 +20,6 @@ from fusethrottle.metering.fleet_share import (
     LeasePool,
     lease_seconds,
 )
-from fusethrottle.metering.token_bucket import TokenBucket
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -51,7 +52,7 @@ def test_the_tighter_resource_sizes_the_lease() -> None:
 
 def test_no_lease_means_wait_for_one() -> None:
     pool = LeasePool(now=0.0)
-    assert pool.reserve(0.0, MiB, 5) is None
+    assert pool.allowance(0.0) == (0.0, 0.0)
     assert pool.needs_lease(0.0, waiting=True)
 
 
@@ -60,28 +61,29 @@ def test_small_writes_spend_the_lease_without_asking_redis_again() -> None:
     pool.granted(0.0, grant(16 * MiB, 20 * MiB))
     asks = 0
     now = 0.0
-    for _ in range(1000):  # 4 MiB in 4 KiB writes: a quarter of the lease
-        delay = pool.reserve(now, 4096, 0)
-        assert delay is not None
-        now += delay
+    for _ in range(1000):  # 4 MiB in 4 KiB writes at the pace: a quarter of the lease
+        assert pool.allowance(now)[0] >= 4096
+        pool.spent(now, 4096, 0, busy=False)
+        now += 4096 / pool.pace()[0]
         asks += pool.needs_lease(now, waiting=False)
     assert asks == 0
 
 
 def test_a_lease_is_spent_at_the_share_it_was_granted_for() -> None:
-    """A mount cannot burn 16 MiB in a moment and crowd out the fleet: it is paced."""
+    """A mount cannot burn 16 MiB in a moment and crowd out the fleet: the writers are handed
+    its share as their pace (the engine's gate waits it out: window_test.cc)."""
     pool = LeasePool(now=0.0)
     pool.granted(0.0, grant(16 * MiB, 20 * MiB))
-    delays = [pool.reserve(0.0, MiB, 0) for _ in range(16)]  # sixteen writers at once
-    assert None not in delays
-    assert max(delays) == pytest.approx((16 - 1) / 20, abs=0.06)  # the first MiB rides the burst
+    assert pool.pace() == (20 * MiB, 0)
+    assert pool.allowance(0.0) == (16 * MiB, math.inf)  # the fleet limits no units/s
 
 
 def test_a_request_bigger_than_what_is_left_passes_and_the_next_lease_pays() -> None:
     pool = LeasePool(now=0.0)
     pool.granted(0.0, grant(MiB // 2, 20 * MiB))
-    assert pool.reserve(0.0, MiB, 0) is not None
-    assert pool.reserve(0.0, MiB, 0) is None  # in debt now
+    assert pool.allowance(0.0)[0] > 0  # so a request of 1 MiB goes
+    pool.spent(0.0, MiB, 0, busy=False)
+    assert pool.allowance(0.0)[0] == 0  # in debt now: the next one waits
     metered, _ = pool.want()
     lease = 20 * MiB * lease_seconds(20 * MiB, 0, 60 * MiB, 0)
     assert metered == pytest.approx(MiB // 2 + lease)  # a whole lease plus the debt
@@ -92,9 +94,9 @@ def test_renewal_comes_before_the_lease_runs_out() -> None:
     pool.granted(0.0, grant(16 * MiB, 20 * MiB))
     now = 0.0
     while not pool.needs_lease(now, waiting=False):
-        delay = pool.reserve(now, MiB, 0)
-        assert delay is not None, "writers had to wait for a lease"
-        now += delay
+        assert pool.allowance(now)[0] >= MiB, "writers had to wait for a lease"
+        pool.spent(now, MiB, 0, busy=False)
+        now += MiB / pool.pace()[0]
     assert pool.balance_metered > 0
 
 
@@ -102,13 +104,14 @@ def test_unspent_tokens_expire() -> None:
     pool = LeasePool(now=0.0)
     pool.granted(0.0, grant(16 * MiB, 20 * MiB))
     later = pool.period * LEASE_EXPIRY_FACTOR + 0.01
-    assert pool.reserve(later, MiB, 0) is None
+    assert pool.allowance(pool.period)[0] == 16 * MiB
+    assert pool.allowance(later)[0] == 0
 
 
 def test_an_idle_mount_gives_its_lease_back() -> None:
     pool = LeasePool(now=0.0)
     pool.granted(0.0, grant(16 * MiB, 20 * MiB))
-    pool.reserve(0.0, MiB, 0)
+    pool.spent(0.0, MiB, 0, busy=False)
     assert not pool.idle(IDLE_RELEASE / 2)
     assert pool.idle(IDLE_RELEASE + 0.01)
     assert not pool.needs_lease(IDLE_RELEASE + 0.01, waiting=False)
@@ -137,13 +140,8 @@ def test_fallback_paces_at_the_last_share_and_needs_no_lease() -> None:
     rates = Fallback().rates(pool.share_metered, pool.share_units)
     pool.fallback(1.0, *rates)
     assert not pool.needs_lease(1.0, waiting=True)
-    now, passed = 1.0, 0
-    while now < 11.0:
-        delay = pool.reserve(now, MiB, 0)
-        assert delay is not None
-        now += delay
-        passed += MiB
-    assert passed == pytest.approx(20 * MiB * 10, rel=0.02)
+    assert pool.allowance(1.0) == (math.inf, math.inf)
+    assert pool.pace() == (20 * MiB, 0)
 
 
 def test_fixed_fallback_rate() -> None:
@@ -156,27 +154,20 @@ def test_a_new_lease_after_fallback_rejoins() -> None:
     pool.fallback(0.0, 10 * MiB, 0)
     pool.granted(1.0, grant(16 * MiB, 20 * MiB))
     assert pool.leasing
-    assert pool.reserve(1.0, MiB, 0) is not None
+    assert pool.allowance(1.0)[0] == 16 * MiB
 
 
 def test_first_ask_is_one_target_lease() -> None:
     assert LeasePool(now=0.0).want()[0] == LEASE_TARGET_BYTES
 
 
-def test_token_bucket_rate_change_keeps_the_queue() -> None:
-    bucket = TokenBucket(10.0, 1.0, 0.0)
-    assert bucket.delay_for(0.0, 11.0) == pytest.approx(1.0)  # 10 in debt
-    bucket.set_rate(0.0, 20.0, 1.0)
-    assert bucket.delay_for(0.0, 1.0) == pytest.approx(11 / 20)
-    bucket.set_rate(1.0, 0.0, 0.0)
-    assert bucket.delay_for(1.0, 1e9) == 0.0
-
-
 def test_a_budget_of_bytes_only_never_holds_a_write_for_units() -> None:
     pool = LeasePool(now=0.0)
     pool.granted(0.0, grant(16 * MiB, 20 * MiB))  # the fleet sets no units/s
     for _ in range(100):
-        assert pool.reserve(0.0, 1024, 5) is not None
+        pool.spent(0.0, 1024, 5, busy=False)
+    assert pool.allowance(0.0)[1] == math.inf
+    assert pool.pace()[1] == 0
     assert pool.want()[1] == 0
 
 
@@ -204,7 +195,10 @@ def test_writes_queued_for_their_pace_keep_the_mount_active() -> None:
     """Twelve 1 MiB writes at 20 MiB/s wait up to 0.55 s: the mount is not idle meanwhile."""
     pool = LeasePool(now=0.0)
     pool.granted(0.0, grant(16 * MiB, 20 * MiB))
-    delays = [pool.reserve(0.0, MiB, 0) for _ in range(12)]
-    assert max(d for d in delays if d is not None) > IDLE_RELEASE
-    assert not pool.idle(IDLE_RELEASE + 0.01)
-    assert pool.idle(max(d for d in delays if d is not None) + IDLE_RELEASE + 0.01)
+    pool.spent(0.0, 12 * MiB, 0, busy=True)
+    for now in (0.1, 0.2, 0.3, 0.4, 0.5):  # the renewer's looks while they wait
+        assert not pool.idle(now)
+        pool.spent(now, 0, 0, busy=True)
+    pool.spent(0.55, 0, 0, busy=False)  # the last one went
+    assert not pool.idle(0.5 + IDLE_RELEASE)
+    assert pool.idle(0.55 + IDLE_RELEASE + 0.01)

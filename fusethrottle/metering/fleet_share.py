@@ -27,8 +27,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .token_bucket import TokenBucket
-
 MiB = 1 << 20
 
 #: A lease should carry about this many metered bytes (or units): few round trips per GiB.
@@ -102,8 +100,8 @@ def lease_seconds(
 
 @dataclass(frozen=True)
 class Spending:
-    """What writers that reserve on their own (the native engine's requests, fleet_gate.h)
-    report: totals since the mount, and who waits now."""
+    """What the writers (the native engine's requests, fleet_gate.h) report: totals since the
+    mount, and who waits now."""
 
     metered: float
     units: float
@@ -129,8 +127,7 @@ class LeasePool:
 
     The writers (the native engine's requests, fleet_gate.h) spend on their own threads: the
     renewer debits what they took (``spent``) and hands them the ``allowance`` left and the
-    ``pace``. ``reserve`` states their rule for one request: ``None`` when the lease is used up
-    (wait for the next grant), else the seconds to sleep before the write may go (the pace). The
+    ``pace``; they wait for the next grant beyond the allowance and spend at the pace. The
     balance may go into debt by one request, so a request larger than what is left still passes
     and the next grant pays for it. With ``leasing`` off (the fallback), only the pace applies.
     """
@@ -151,35 +148,15 @@ class LeasePool:
         # Which resources the fleet limits (a budget may set only one); both until told.
         self.limits_metered = True
         self.limits_units = True
-        self._pace_metered = TokenBucket(0, 1, now)
-        self._pace_units = TokenBucket(0, 1, now)
+        # The rates writers spend at (0: unpaced); the engine keeps its own buckets at them.
+        self.pace_metered = 0.0
+        self.pace_units = 0.0
 
-    # --- writers -----------------------------------------------------------------------------
-    def reserve(self, now: float, metered: float, units: float) -> float | None:
-        """Take a request's tokens; seconds to wait, or None when a new lease is needed first."""
-        self.last_demand = max(self.last_demand, now)
-        if self.leasing:
-            self._expire(now)
-            metered = metered if self.limits_metered else 0.0
-            units = units if self.limits_units else 0.0
-            if (metered > 0 and self.balance_metered <= 0) or (
-                units > 0 and self.balance_units <= 0
-            ):
-                return None
-            self.balance_metered -= metered
-            self.balance_units -= units
-        delay = max(
-            self._pace_metered.delay_for(now, metered), self._pace_units.delay_for(now, units)
-        )
-        # A request still waiting for its pace is demand too: without this, a queue of writes
-        # that waits longer than IDLE_RELEASE would make the mount look idle and let go.
-        self.last_demand = max(self.last_demand, now + delay)
-        return delay
-
-    # --- writers that reserve on their own (the native engine) -------------------------------
+    # --- the writers (the native engine's requests) ------------------------------------------
     def spent(self, now: float, metered: float, units: float, *, busy: bool) -> None:
-        """Such writers took this much since the last call (*busy*: some wait now, for a
-        lease or their pace): debit it, as reserve() would have."""
+        """The writers took this much since the last call (*busy*: some wait now, for a lease
+        or their pace, which is demand too: a queue of writes that waits longer than
+        IDLE_RELEASE must not make the mount look idle and let go): debit it."""
         if metered > 0 or units > 0 or busy:
             self.last_demand = max(self.last_demand, now)
         if self.leasing:
@@ -188,7 +165,7 @@ class LeasePool:
             self.balance_units -= units if self.limits_units else 0.0
 
     def allowance(self, now: float) -> tuple[float, float]:
-        """How much more such writers may take before the next lease (inf: no lease needed,
+        """How much more the writers may take before the next lease (inf: no lease needed,
         on the fallback or where the fleet sets no such limit)."""
         if not self.leasing:
             return math.inf, math.inf
@@ -200,7 +177,7 @@ class LeasePool:
 
     def pace(self) -> tuple[float, float]:
         """The rates writers spend at now (0: unpaced)."""
-        return self._pace_metered.rate, self._pace_units.rate
+        return self.pace_metered, self.pace_units
 
     # --- the renewer -------------------------------------------------------------------------
     def needs_lease(self, now: float, waiting: bool) -> bool:
@@ -218,8 +195,8 @@ class LeasePool:
         limited = [
             (balance, pace)
             for balance, pace, limits in (
-                (self.balance_metered, self._pace_metered.rate, self.limits_metered),
-                (self.balance_units, self._pace_units.rate, self.limits_units),
+                (self.balance_metered, self.pace_metered, self.limits_metered),
+                (self.balance_units, self.pace_units, self.limits_units),
             )
             if limits
         ]
@@ -251,7 +228,7 @@ class LeasePool:
         *gentle*: the first lease after the fallback. The mounts rejoin one by one, so the
         first one back sees a fleet of one; until its next lease it keeps the pace it had.
         """
-        was = (self._pace_metered.rate, self._pace_units.rate)
+        was = (self.pace_metered, self.pace_units)
         self.leasing = True
         self.registered = True
         self._expire(now)
@@ -271,7 +248,7 @@ class LeasePool:
                 min(pace[0], was[0]) if was[0] > 0 else pace[0],
                 min(pace[1], was[1]) if was[1] > 0 else pace[1],
             )
-        self._set_pace(now, *pace)
+        self.pace_metered, self.pace_units = pace
         short = self._runs_out_within(RENEW_AHEAD)
         # Short grant: the fleet's bucket was empty. Ask again once it has refilled a little,
         # not at once (that would be a round trip per tick for nothing).
@@ -294,24 +271,20 @@ class LeasePool:
         self.leasing = False
         self.registered = False
         self.balance_metered = self.balance_units = 0.0
-        self._set_pace(now, metered_rate, units_rate)
+        self.pace_metered, self.pace_units = metered_rate, units_rate
 
     def _expire(self, now: float) -> None:
         if now >= self.expires:
             self.balance_metered = min(self.balance_metered, 0.0)
             self.balance_units = min(self.balance_units, 0.0)
 
-    def _set_pace(self, now: float, metered: float, units: float) -> None:
-        self._pace_metered.set_rate(now, metered, metered * PACE_BURST_SECONDS)
-        self._pace_units.set_rate(now, units, units * PACE_BURST_SECONDS)
-
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(
             self.leasing,
             self.balance_metered,
             self.balance_units,
-            self._pace_metered.rate,
-            self._pace_units.rate,
+            self.pace_metered,
+            self.pace_units,
         )
 
 

@@ -1,7 +1,8 @@
 """A rate limit with a burst, as a reservation (pure: time is an argument).
 
-The pace at which a mount's fleet share refills (fleet_share.py); the engine's ceilings keep
-their own buckets in C++ (engine/src/ceilings.h).
+The rule the engine's buckets keep in C++ (the ceilings, engine/src/ceilings.h, and the fleet
+share's pace, fleet_gate.h), stated where its properties are tested; the fleet tests' model of
+the engine spends through it (tests/fleet_spender.py).
 """
 
 from __future__ import annotations
