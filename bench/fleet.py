@@ -42,6 +42,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.model import jain_index
+from bench.system import head_commit
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -394,9 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             "host": socket.gethostname(),
             "load_average_at_start": os.getloadavg()[0],
             "date": date,
-            "commit": subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
-            ).stdout.strip(),
+            "commit": head_commit(),
         }
         samples: list[dict] = []
         start = time.monotonic()

@@ -41,8 +41,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.suite_arms import head_commit, mount_arm, pick_arms
-from bench.system import ArmSkipped, Teardown, scratch_ext4
+from bench.suite_arms import mount_arm, pick_arms
+from bench.system import ArmSkipped, Teardown, head_commit, scratch_ext4
 
 log = logging.getLogger(__name__)
 

@@ -6,19 +6,12 @@ through fusethrottle mounts over fresh directories of it; this is their common p
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from bench.daemon import FuseThrottleMount, chosen_arms
 from bench.system import Teardown
-
-
-def head_commit() -> str:
-    """The short commit the bench runs from ("" outside a checkout)."""
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip()
 
 
 def pick_arms(

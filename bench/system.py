@@ -48,6 +48,21 @@ class ArmSkipped(Exception):
 # --- small sysfs / procfs helpers ----------------------------------------------------------------
 
 
+def head_commit() -> str:
+    """The short commit of the checkout the bench runs from ("" outside one)."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
 def read_text(path: str | Path, default: str = "") -> str:
     try:
         return Path(path).read_text()
