@@ -175,7 +175,7 @@ def run_mount(config: Config) -> int:
     from .daemon import configure_logging, serve
 
     if config.foreground:
-        configure_logging(config.log_level, foreground=True)
+        configure_logging(config.log_level, foreground=True, log_format=config.log_format)
         return serve(config)
     return _daemonize(config)
 
@@ -204,7 +204,7 @@ def _daemonize(config: Config) -> int:
     os.dup2(write_end, 2)  # libfuse's own complaints reach the parent until we are ready
     from .daemon import configure_logging, serve
 
-    configure_logging(config.log_level, foreground=False)
+    configure_logging(config.log_level, foreground=False, log_format=config.log_format)
 
     def ready() -> None:
         os.write(write_end, b"READY")

@@ -51,6 +51,7 @@ from ..trio_compat import run_sync_abandoning
 from ..window.controller import effective_window, make_controller
 from ..window.kernel_cache import KernelCache
 from . import sdnotify
+from .logformat import JsonFormatter
 from .mountinfo import find_mount
 from .options import Config
 from .placement import Placement, place
@@ -80,15 +81,19 @@ def serve(config: Config, on_ready: Callable[[], None] | None = None) -> int:
         placement.cgroup.leave()
 
 
-def configure_logging(level: str, foreground: bool) -> None:
-    """stderr in the foreground and under systemd (the journal), syslog otherwise."""
+def configure_logging(level: str, foreground: bool, log_format: str = "text") -> None:
+    """stderr in the foreground and under systemd (the journal), syslog otherwise;
+    *log_format* ``json``: one JSON object a line (logformat.py), for log collectors."""
     root = logging.getLogger()
     root.setLevel(getattr(logging, level.upper()))
     for old in list(root.handlers):
         root.removeHandler(old)
+    as_json = log_format == "json"
     if foreground or os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
         handler: logging.Handler = logging.StreamHandler(sys.stderr)
-        if os.environ.get("JOURNAL_STREAM"):
+        if as_json:
+            handler.setFormatter(JsonFormatter())
+        elif os.environ.get("JOURNAL_STREAM"):
             handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         else:
             handler.setFormatter(
@@ -98,12 +103,22 @@ def configure_logging(level: str, foreground: bool) -> None:
         from logging.handlers import SysLogHandler
 
         handler = SysLogHandler(address="/dev/log")
-        handler.setFormatter(
-            logging.Formatter("fusethrottle[%(process)d]: %(levelname)s %(message)s")
-        )
+        if as_json:
+            handler.setFormatter(_TaggedJson())
+        else:
+            handler.setFormatter(
+                logging.Formatter("fusethrottle[%(process)d]: %(levelname)s %(message)s")
+            )
     else:
         handler = logging.NullHandler()
     root.addHandler(handler)
+
+
+class _TaggedJson(JsonFormatter):
+    """syslog wants its tag before the message; the JSON object follows it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"fusethrottle[{record.process}]: {super().format(record)}"
 
 
 def raise_fd_limit() -> None:

@@ -123,6 +123,8 @@ def _positive_float(text: str) -> float:
 MODES = ("off", "static", "adaptive")
 METER_PROFILES = tuple(PROFILES)
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: log_format=json: one JSON object a line on stderr, for log collectors (logformat.py).
+LOG_FORMATS = ("text", "json")
 XATTR_MODES = ("auto", "on", "off")
 MEMORY_CGROUP_MODES = ("auto", "off")
 TARGET_IO_MODES = ("auto", "buffered", "direct")
@@ -194,6 +196,7 @@ class Config:
     # observability
     metrics: str = ""
     log_level: str = "info"
+    log_format: str = "text"
 
 
 # Generic mount(8) options that libfuse understands and that we forward unchanged.
@@ -293,6 +296,7 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "ops_limit": parse_rate,
     "metrics": _address,
     "log_level": _choice(LOG_LEVELS),
+    "log_format": _choice(LOG_FORMATS),
     "budget": parse_fleet_url,
     "budget_weight": _positive_float,
     "budget_fallback": _fleet_fallback,
