@@ -69,7 +69,7 @@ cp -- "$here/Containerfile" "$here/fusethrottle-container" "$context/"
 cp -- "$deb" "$context/fusethrottle.deb"
 old=$(podman image inspect --format '{{.Id}}' "$image:$version" 2>/dev/null || true)
 # shellcheck disable=SC2086 # flags are words
-podman build --quiet --pull=never --network=none $flags --build-arg "BASE=$base" \
+podman build --quiet --pull=never --network=none --layers=false $flags --build-arg "BASE=$base" \
     --label "org.opencontainers.image.version=$version" \
     -t "$image:$version" -t "$image:latest" -f "$context/Containerfile" "$context" >&2 ||
     die "podman build failed"
