@@ -75,7 +75,7 @@ def test_configure_logging_writes_json_to_stderr(monkeypatch: pytest.MonkeyPatch
 def test_log_format_is_text_or_json() -> None:
     assert parse_options([]).log_format == "text"
     assert parse_options(["log_format=json"]).log_format == "json"
-    with pytest.raises(OptionError, match="log_format.*'xml' is not one of text, json"):
+    with pytest.raises(OptionError, match=r"log_format.*'xml' is not one of text, json"):
         parse_options(["log_format=xml"])
 
 
