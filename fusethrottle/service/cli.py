@@ -135,6 +135,13 @@ def check_environment(config: Config) -> None:
         )
     if config.budget is not None:
         _check_fleet(config)
+    if config.guard:
+        from ..guard.pressure import PressureUnavailable, pressure_files
+
+        try:
+            pressure_files(config.guard)
+        except PressureUnavailable as err:
+            raise UsageError(str(err)) from None
 
 
 def _check_fleet(config: Config) -> None:

@@ -36,6 +36,9 @@ import trio
 
 from .. import _libc
 from ..engine.native import EngineConfig, EngineUnavailable, LostEvent, NativeEngine, SyncEvent
+from ..guard.pressure import pressure_files
+from ..guard.rule import GuardSettings
+from ..guard.watcher import PressureGuard
 from ..loglimit import LogLimiter
 from ..metering import fleet
 from ..metering.meter import profile_for
@@ -257,6 +260,22 @@ class Daemon:
             self.fleet.spend_through(engine)
         self.metrics = Publisher(self.config, self._snapshot)
         self._server = server
+        #: The pressure guard (guard=): the backup's rate from the protected workload's stall.
+        self.guard: PressureGuard | None = None
+        if self.config.guard:
+            self.guard = PressureGuard(
+                pressure_files(self.config.guard),
+                GuardSettings(some=self.config.guard_some, min_rate=self.config.guard_min),
+                lambda: self.engine.stats().written_bytes,
+                self._guard_limit,
+            )
+
+    def _guard_limit(self, limit: float | None) -> None:
+        """The guard's rate, as a ceiling on metered bytes: the tighter of it and metered_limit."""
+        metered = self.config.metered_limit
+        if limit is not None:
+            metered = min(metered, limit) if metered > 0 else limit
+        self.engine.set_ceilings(metered, self.config.ops_limit)
 
     async def run(self) -> int:
         info = find_mount(self.config.mountpoint, fstype="fuse.fusethrottle")
@@ -268,6 +287,8 @@ class Daemon:
                 await nursery.start(self.fleet.run)
             nursery.start_soon(self._signals)
             nursery.start_soon(self._control)
+            if self.guard is not None:
+                await nursery.start(self.guard.run)
             await nursery.start(self.metrics.run_publisher)
             if self._server is not None:
                 registry = make_registry(self.metrics)
@@ -392,6 +413,7 @@ class Daemon:
             self._total,
             self.kernel_cache.statistics().limit_bytes,
             self.fleet.statistics(now) if self.fleet is not None else None,
+            self.guard.facts(self.config.guard) if self.guard is not None else None,
         )
         return engine_snapshot(
             self.config,

@@ -191,6 +191,10 @@ class Config:
     budget_password_file: str = ""  # else $FUSETHROTTLE_BUDGET_PASSWORD_FILE, else none
     budget_ca: str = ""  # CA file for rediss:// (default: the system's)
     budget_timeout: float = 0.5
+    # the pressure guard (guard/): the backup yields to the protected workload's stall
+    guard: str = ""  # "host", a cgroup v2 directory, or "" (off)
+    guard_some: float | None = None  # the stall share that holds the backup back; None: learned
+    guard_min: float = 4 * MiB  # bytes/s the guard never holds the backup below
     # observability
     metrics: str = ""
     log_level: str = "info"
@@ -259,6 +263,26 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
+def _share(text: str) -> float:
+    """A share of time: ``5%`` or ``0.05``."""
+    percent = text.endswith("%")
+    value = _float(text[:-1] if percent else text)
+    if percent:
+        value /= 100
+    if not 0 < value <= 1:
+        raise OptionError(f"must be a share of time above 0 and at most 100%: {text!r}")
+    return value
+
+
+def _guard(text: str) -> str:
+    """``host``, ``off``, or a cgroup v2 directory (absolute, or under /sys/fs/cgroup)."""
+    if text == "off":
+        return ""
+    if text != "host" and ("\0" in text or ".." in text.split("/")):
+        raise OptionError(f"expected host, off or a cgroup directory, got {text!r}")
+    return text
+
+
 def _address(text: str) -> str:
     host, _, port = text.rpartition(":")
     if not port.isdigit() or not 0 < int(port) < 65536:
@@ -293,6 +317,9 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "ops_limit": parse_rate,
     "metrics": _address,
     "log_level": _choice(LOG_LEVELS),
+    "guard": _guard,
+    "guard_some": _share,
+    "guard_min": parse_rate,
     "budget": parse_fleet_url,
     "budget_weight": _positive_float,
     "budget_fallback": _fleet_fallback,
@@ -435,6 +462,10 @@ def validate(config: Config) -> None:
         raise OptionError("permissions=target needs credentials=caller")
     if config.metered_limit < 0 or config.ops_limit < 0:
         raise OptionError("metered_limit and ops_limit must not be negative")
+    if config.guard_min <= 0:
+        raise OptionError("guard_min must be positive (the backup must always finish)")
+    if not config.guard and (config.guard_some is not None or config.guard_min != Config.guard_min):
+        raise OptionError("guard_some and guard_min need guard=host or guard=CGROUP")
     if config.admission_timeout <= 0:
         raise OptionError("admission_timeout must be positive")
     if config.budget is None:
