@@ -401,6 +401,14 @@ def load() -> ctypes.CDLL:
     lib.ft_engine_set_window.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_double)
     lib.ft_engine_set_ceilings.restype = None
     lib.ft_engine_set_ceilings.argtypes = (ctypes.c_void_p, ctypes.c_double, ctypes.c_double)
+    lib.ft_engine_set_params.restype = None
+    lib.ft_engine_set_params.argtypes = (
+        ctypes.c_void_p,
+        ctypes.c_uint64,
+        ctypes.c_double,
+        ctypes.c_int,
+        ctypes.c_int,
+    )
     lib.ft_engine_fleet_hand_out.restype = None
     lib.ft_engine_fleet_hand_out.argtypes = (ctypes.c_void_p,) + (ctypes.c_double,) * 4
     lib.ft_engine_unsynced.restype = ctypes.c_size_t
@@ -535,6 +543,11 @@ class NativeEngine:
         """The ceilings from now on (0: none): ``fusethrottle set``, a schedule, the guard."""
         assert self._handle is not None
         self._lib.ft_engine_set_ceilings(self._handle, metered_limit, ops_limit)
+
+    def set_params(self, batch: int, max_age: float, enforce: bool, inject: bool) -> None:
+        """``fusethrottle set``: the batch, max_age and mode from now on."""
+        assert self._handle is not None
+        self._lib.ft_engine_set_params(self._handle, batch, max_age, int(enforce), int(inject))
 
     def fleet_spending(self) -> Spending:
         """What requests spent of the fleet's share, and who waits for it."""

@@ -169,6 +169,8 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
         lines += _fleet_lines(s["fleet"])
     if s.get("guard"):
         lines.append(_guard_line(s["guard"]))
+    for i, change in enumerate(s.get("settings_changed") or ()):
+        lines.append(f"  {'changed' if i == 0 else '':<12} {change}")
     target_errors = s["target_errors"]
     if target_errors:
         shown = ", ".join(f"{op} {name} x{n}" for op, name, n in target_errors[:8])

@@ -20,6 +20,7 @@ code says so), unmount if the kernel has not already.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import faulthandler
 import logging
@@ -28,9 +29,11 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -54,8 +57,9 @@ from ..trio_compat import run_sync_abandoning
 from ..window.controller import effective_window, make_controller
 from ..window.kernel_cache import KernelCache
 from . import sdnotify
+from .live_settings import Change, apply_reload, apply_set
 from .mountinfo import find_mount
-from .options import Config
+from .options import Config, OptionError
 from .placement import Placement, place
 from .readiness import stat_from_child
 from .target_probe import can_switch, target_has_xattrs
@@ -66,6 +70,10 @@ log = logging.getLogger(__name__)
 CACHE_QUIET_PAUSE = 0.3
 #: How long the loop may take to notice the stop before the connection is aborted.
 LOOP_END_GRACE = 2.0
+#: The settings file a reload (SIGHUP) rereads: fusethrottle@.service names the instance's.
+CONF_ENV = "FUSETHROTTLE_CONF"
+#: Changes of settings status shows.
+CHANGES_KEPT = 10
 #: Request threads of the engine at most (the kernel's max_background is 12 by default).
 MAX_THREADS = 16
 
@@ -261,6 +269,10 @@ class Daemon:
         self.metrics = Publisher(self.config, self._snapshot)
         self._server = server
         #: The pressure guard (guard=): the backup's rate from the protected workload's stall.
+        self._guard_rate: float | None = None
+        #: Settings changed while serving, newest last (status shows them).
+        self.changes: tuple[str, ...] = ()
+        self._nursery: trio.Nursery | None = None
         self.guard: PressureGuard | None = None
         if self.config.guard:
             self.guard = PressureGuard(
@@ -272,10 +284,84 @@ class Daemon:
 
     def _guard_limit(self, limit: float | None) -> None:
         """The guard's rate, as a ceiling on metered bytes: the tighter of it and metered_limit."""
+        self._guard_rate = limit
+        self._apply_ceilings()
+
+    def _apply_ceilings(self) -> None:
         metered = self.config.metered_limit
-        if limit is not None:
-            metered = min(metered, limit) if metered > 0 else limit
+        if self._guard_rate is not None:
+            metered = min(metered, self._guard_rate) if metered > 0 else self._guard_rate
         self.engine.set_ceilings(metered, self.config.ops_limit)
+
+    # -- settings changed while serving: `fusethrottle set`, SIGHUP ------------------------
+
+    def _respond(self, request: str) -> dict[str, Any]:
+        """The status socket's requests (on the event loop): ``set key=value...`` here, the
+        rest is the publisher's."""
+        verb, _, rest = request.partition(" ")
+        if verb != "set":
+            return self.metrics.status(request)
+        try:
+            new, changed = apply_set(self.config, rest.split())
+        except OptionError as err:
+            return {"refused": str(err)}
+        self._change_settings(new, changed, "fusethrottle set")
+        return {"changed": [str(c) for c in changed]}
+
+    def _reload(self) -> None:
+        """SIGHUP (systemctl reload): reread the instance's file and apply what changed; an
+        invalid file, or one that changes what cannot change while mounted, applies nothing."""
+        path = os.environ.get(CONF_ENV, "")
+        if not path:
+            log.warning(
+                "SIGHUP: no settings file to reread (%s is not set); nothing changed", CONF_ENV
+            )
+            return
+        sdnotify.notify("RELOADING=1")
+        try:
+            with open(path) as f:
+                text = f.read()
+            new, changed = apply_reload(self.config, text)
+        except (OSError, OptionError) as err:
+            log.error("reload of %s refused, the running settings stay: %s", path, err)
+        else:
+            self._change_settings(new, changed, f"reload of {path}")
+        sdnotify.notify("READY=1")
+
+    def _change_settings(self, new: Config, changed: list[Change], how: str) -> None:
+        """Apply *new* settings (validated) to the engine, the controller and the guard."""
+        if not changed:
+            log.info("%s: nothing changed", how)
+            return
+        old = self.config
+        self.config = new
+        self.placement.config = new
+        keys = {c.key for c in changed}
+        if keys & {"batch", "max_age", "mode"}:
+            enforce = new.mode != "off"
+            self.engine.set_params(new.batch, new.max_age, enforce, enforce)
+        if keys & {"mode", "window"}:
+            self.controller = make_controller(new)
+            self._total = effective_window(self.controller.window, self.controller.commit_rate)
+            assert self._nursery is not None  # (set requests come from a task of it)
+            self._nursery.start_soon(self._update_kernel_cache, self._total)
+            self._hand_window()
+        if keys & {"metered_limit", "ops_limit"}:
+            self._apply_ceilings()
+        if self.guard is not None and keys & {"guard_some", "guard_min"}:
+            self.guard.rule.settings = dataclasses.replace(
+                self.guard.rule.settings, some=new.guard_some, min_rate=new.guard_min
+            )
+        if new.log_level != old.log_level:
+            logging.getLogger().setLevel(getattr(logging, new.log_level.upper()))
+        said = ", ".join(map(str, changed))
+        log.info("settings changed by %s: %s", how, said)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self.changes = (*self.changes, f"{stamp} {how}: {said}")[-CHANGES_KEPT:]
+
+    async def _update_kernel_cache(self, total: int) -> None:
+        # A sysfs write can wait (on the bdi's lock): never on the event loop.
+        await trio.to_thread.run_sync(self.kernel_cache.update, total)
 
     async def run(self) -> int:
         info = find_mount(self.config.mountpoint, fstype="fuse.fusethrottle")
@@ -283,6 +369,7 @@ class Daemon:
         await trio.to_thread.run_sync(self.kernel_cache.attach, self._device, self._total)
         self._hand_window()
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             if self.fleet is not None:
                 await nursery.start(self.fleet.run)
             nursery.start_soon(self._signals)
@@ -295,7 +382,7 @@ class Daemon:
                 await nursery.start(partial(serve_endpoint, self._server, registry))
             # Before the engine serves: once the mount answers, status answers too (a query
             # right after the mount came up found no socket yet, now and then).
-            await nursery.start(serve_control, self.config.mountpoint, self.metrics.status)
+            await nursery.start(serve_control, self.config.mountpoint, self._respond)
             nursery.start_soon(run_diagnostics)
             nursery.start_soon(self._announce_ready)
             nursery.start_soon(self._watch_unmount)
@@ -414,6 +501,7 @@ class Daemon:
             self.kernel_cache.statistics().limit_bytes,
             self.fleet.statistics(now) if self.fleet is not None else None,
             self.guard.facts(self.config.guard) if self.guard is not None else None,
+            self.changes,
         )
         return engine_snapshot(
             self.config,
@@ -513,6 +601,8 @@ class Daemon:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
                 if signum == signal.SIGHUP:
+                    if not self._stopping:
+                        self._reload()
                     continue
                 log.info("%s: flushing and unmounting", signal.Signals(signum).name)
                 await self.stop()

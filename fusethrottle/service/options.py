@@ -491,3 +491,40 @@ def replace(config: Config, **changes: object) -> Config:
     new = dataclasses.replace(config, **changes)  # type: ignore[arg-type]
     validate(new)
     return new
+
+
+#: What ``fusethrottle set`` may change while the mount serves (and SIGHUP rereads).
+LIVE = (
+    "mode",
+    "window",
+    "batch",
+    "max_age",
+    "metered_limit",
+    "ops_limit",
+    "guard_some",
+    "guard_min",
+    "log_level",
+)
+
+
+def parse_live(items: Iterable[str], config: Config) -> Config:
+    """*config* with ``key=value`` *items* applied, each one that may change while mounted;
+    validated as at mount time. Anything else is refused with the reason, in one line."""
+    changes: dict[str, object] = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        if key not in LIVE:
+            if key in _VALUED or key in _BOOLEAN or key == "guard":
+                raise OptionError(f"{key} cannot change while mounted: remount to change it")
+            raise OptionError(f"unknown option: {key!r}")
+        if not eq or raw == "":
+            raise OptionError(f"option {key} needs a value ({key}=...)")
+        try:
+            changes[key] = _VALUED[key](raw)
+        except OptionError as err:
+            raise OptionError(f"option {key}: {err}") from None
+    if not changes:
+        raise OptionError(f"nothing to change: give key=value (one of {', '.join(LIVE)})")
+    values = {"mode": config.mode, **changes}
+    _bounds_follow_the_window(values)  # a window set past the default bounds moves them
+    return replace(config, **values)

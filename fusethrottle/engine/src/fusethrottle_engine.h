@@ -197,6 +197,10 @@ void ft_engine_set_window(struct ft_engine *engine, uint64_t window, double comm
  * `fusethrottle set`, a schedule, the pressure guard. Requests waiting at a ceiling rescale
  * what is left of their wait to the new rate. */
 void ft_engine_set_ceilings(struct ft_engine *engine, double metered_limit, double ops_limit);
+/* `fusethrottle set`: batch (bytes), max_age (seconds) and the mode (enforce, inject as in the
+ * config) from now on. */
+void ft_engine_set_params(struct ft_engine *engine, uint64_t batch, double max_age, int enforce,
+                          int inject);
 /* The files that still owe the target data, as lines "ERRNO PATH\n" (ERRNO 0: the target did
  * not answer; PATH: where the file is on the target), into *out* of *size* (cut at a whole
  * line): the bytes written. Touches no file of the target: safe while it hangs. */

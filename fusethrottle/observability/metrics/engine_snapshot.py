@@ -43,6 +43,7 @@ class EngineView:
     kernel_cache_bytes: int
     fleet: FleetStatistics | None = None  # budget=: this mount's share, as the renewer sees it
     guard: GuardFacts | None = None  # guard=: the pressure guard's last decision
+    changes: tuple[str, ...] = ()  # settings changed while serving (set, reload), newest last
 
 
 def capability_question(stats: EngineStats) -> str:
@@ -126,5 +127,6 @@ def engine_snapshot(
         target_writes_uncached=placement.direct_writes or "",
         fleet=view.fleet,
         guard=view.guard,
+        settings_changed=view.changes,
         **cgroup_facts(placement.cgroup),
     )

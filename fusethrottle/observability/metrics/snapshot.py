@@ -178,6 +178,8 @@ class Snapshot:
     page_cache_drops: int = 0
     fleet: FleetStatistics | None = None  # the fleet budget (budget=redis://...), if any
     guard: GuardFacts | None = None  # the pressure guard (guard=), if any
+    #: Settings changed while serving (``fusethrottle set``, a reload), newest last.
+    settings_changed: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the status socket's answer; docs/METRICS.md describes it)."""
