@@ -7,6 +7,7 @@ import hashlib
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,25 @@ def test_a_reload_applies_the_file_or_nothing(make_mount, tmp_path: Path) -> Non
     assert (snap["controller"]["window"], snap["mount"]["max_age"]) == (128 * MiB, 5.0)
     (daemon.mountpoint / "still.txt").write_text("serving")
     assert (source / "still.txt").read_text() == "serving"
+
+
+def hhmm(seconds: float) -> str:
+    return time.strftime("%H:%M", time.localtime(seconds))
+
+
+@pytest.mark.mount
+def test_a_schedule_window_holds_the_ceiling_while_it_lasts(make_mount) -> None:
+    now = time.time()
+    window = f"{hhmm(now - 600)}-{hhmm(now + 600)}"
+    daemon = make_mount(options=["mode=off", f"metered_limit=0,{window}=8M"])
+    assert daemon.source is not None
+    snap = status_json(daemon.mountpoint)
+    assert snap["mount"]["metered_limit"] == 8 * MiB and window in snap["schedule"], snap
+    limit, burst = 8 * MiB, max(8 * MiB * BURST_SECONDS, MiB)
+    samples = stream_landing(daemon.mountpoint / "night.bin", daemon.source / "night.bin", 12 * MiB)
+    for elapsed, size in samples:
+        assert size <= burst + limit * elapsed + MiB, f"{size / MiB:.1f} MiB in {elapsed:.2f} s"
+    # The schedule goes with a new value for its ceiling.
+    assert fusethrottle_set(daemon.mountpoint, "metered_limit=0").returncode == 0
+    snap = status_json(daemon.mountpoint)
+    assert snap["mount"]["metered_limit"] == 0 and snap["schedule"] == ""

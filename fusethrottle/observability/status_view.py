@@ -165,6 +165,8 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
             f"{fmt_seconds(s['ceiling_delay_seconds'])} in all"
         )
     lines.append(f"  ceilings     {ceilings}")
+    if s.get("schedule"):
+        lines.append(f"  schedule     {s['schedule']}")
     if s.get("fleet"):
         lines += _fleet_lines(s["fleet"])
     if s.get("guard"):

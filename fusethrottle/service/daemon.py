@@ -45,6 +45,7 @@ from ..guard.watcher import PressureGuard
 from ..loglimit import LogLimiter
 from ..metering import fleet
 from ..metering.meter import profile_for
+from ..metering.schedule import Schedule
 from ..observability.metrics import Recorder, bind_endpoint, make_registry, serve_endpoint
 from ..observability.metrics.definitions import ADMISSION_BUCKETS
 from ..observability.metrics.diagnostics import run_diagnostics
@@ -62,6 +63,8 @@ from .mountinfo import find_mount
 from .options import Config, OptionError
 from .placement import Placement, place
 from .readiness import stat_from_child
+from .schedules import Ceilings as ScheduledCeilings
+from .schedules import ScheduleFollower, describe
 from .target_probe import can_switch, target_has_xattrs
 
 log = logging.getLogger(__name__)
@@ -270,6 +273,9 @@ class Daemon:
         self._server = server
         #: The pressure guard (guard=): the backup's rate from the protected workload's stall.
         self._guard_rate: float | None = None
+        #: The ceilings' time-of-day schedules (metered_limit=100M,01:00-06:00=20M).
+        self._ceilings = ScheduledCeilings(self.config.metered_limit, self.config.ops_limit)
+        self.schedule = ScheduleFollower(self._schedules, self._scheduled, time.time)
         #: Settings changed while serving, newest last (status shows them).
         self.changes: tuple[str, ...] = ()
         self._nursery: trio.Nursery | None = None
@@ -287,11 +293,23 @@ class Daemon:
         self._guard_rate = limit
         self._apply_ceilings()
 
+    def _schedules(self) -> tuple[Schedule, Schedule]:
+        c = self.config
+        return Schedule(c.metered_limit, c.metered_schedule), Schedule(c.ops_limit, c.ops_schedule)
+
+    def _has_schedule(self) -> bool:
+        return bool(self.config.metered_schedule or self.config.ops_schedule)
+
+    def _scheduled(self, ceilings: ScheduledCeilings) -> None:
+        self._ceilings = ceilings
+        self._apply_ceilings()
+
     def _apply_ceilings(self) -> None:
-        metered = self.config.metered_limit
+        """The engine's ceilings: the schedule's values now, the guard's rate if tighter."""
+        metered, ops = self._ceilings.metered, self._ceilings.ops
         if self._guard_rate is not None:
             metered = min(metered, self._guard_rate) if metered > 0 else self._guard_rate
-        self.engine.set_ceilings(metered, self.config.ops_limit)
+        self.engine.set_ceilings(metered, ops)
 
     # -- settings changed while serving: `fusethrottle set`, SIGHUP ------------------------
 
@@ -347,7 +365,7 @@ class Daemon:
             self._nursery.start_soon(self._update_kernel_cache, self._total)
             self._hand_window()
         if keys & {"metered_limit", "ops_limit"}:
-            self._apply_ceilings()
+            self.schedule.check()  # the new values, and the window that applies now
         if self.guard is not None and keys & {"guard_some", "guard_min"}:
             self.guard.rule.settings = dataclasses.replace(
                 self.guard.rule.settings, some=new.guard_some, min_rate=new.guard_min
@@ -374,6 +392,7 @@ class Daemon:
                 await nursery.start(self.fleet.run)
             nursery.start_soon(self._signals)
             nursery.start_soon(self._control)
+            await nursery.start(self.schedule.run)
             if self.guard is not None:
                 await nursery.start(self.guard.run)
             await nursery.start(self.metrics.run_publisher)
@@ -502,9 +521,16 @@ class Daemon:
             self.fleet.statistics(now) if self.fleet is not None else None,
             self.guard.facts(self.config.guard) if self.guard is not None else None,
             self.changes,
+            describe(self._ceilings)
+            if self.config.metered_schedule or self.config.ops_schedule
+            else "",
+        )
+        # The ceilings shown are those that apply now (a schedule's window, if one does).
+        shown = dataclasses.replace(
+            self.config, metered_limit=self._ceilings.metered, ops_limit=self._ceilings.ops
         )
         return engine_snapshot(
-            self.config,
+            shown,
             self.placement,
             view,
             self._fsyncs,

@@ -11,7 +11,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .options import LIVE, Config, OptionError, parse_live, parse_options, split_options
+from .options import (
+    LIVE,
+    SCHEDULED,
+    Config,
+    OptionError,
+    parse_live,
+    parse_options,
+    replace,
+    split_options,
+)
+
+#: Every field a live key sets (a ceiling's schedule with it).
+_LIVE_FIELDS = (*LIVE, *SCHEDULED.values())
 
 #: Settings the daemon decides itself at the start (placement.py): a file does not "change" them.
 _DERIVED = ("writeback_cache", "writeback_cache_auto", "foreground", "source", "mountpoint")
@@ -32,18 +44,23 @@ class Change:
 def changes(before: Config, after: Config) -> list[Change]:
     """The live settings that differ between *before* and *after*, in LIVE's order."""
     return [
-        Change(key, _shown(getattr(before, key)), _shown(getattr(after, key)))
+        Change(key, _shown(before, key), _shown(after, key))
         for key in LIVE
-        if getattr(before, key) != getattr(after, key)
+        if _shown(before, key) != _shown(after, key)
     ]
 
 
-def _shown(value: object) -> str:
+def _shown(config: Config, key: str) -> str:
+    value = getattr(config, key)
     if value is None:
         return "learned"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
+    text = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+    if key in SCHEDULED:
+        for window in getattr(config, SCHEDULED[key]):
+            value = window.value
+            shown = str(int(value)) if float(value).is_integer() else str(value)
+            text += f",{window}={shown}"
+    return text
 
 
 def apply_set(config: Config, items: list[str]) -> tuple[Config, list[Change]]:
@@ -89,5 +106,5 @@ def apply_reload(config: Config, text: str) -> tuple[Config, list[Change]]:
     ]
     if fixed:
         raise OptionError(f"{fixed[0]} cannot change while mounted: restart the service for it")
-    new = dataclasses.replace(config, **{key: getattr(wanted, key) for key in LIVE})
+    new = replace(config, **{key: getattr(wanted, key) for key in _LIVE_FIELDS})
     return new, changes(config, new)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..metering.meter import PROFILES, profile
+from ..metering.schedule import ScheduleError, Window, parse_window
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -183,6 +184,9 @@ class Config:
     meter_overrides: tuple[tuple[str, float], ...] = ()
     metered_limit: float = 0.0
     ops_limit: float = 0.0
+    #: Time-of-day windows overriding them (``metered_limit=100M,01:00-06:00=20M``).
+    metered_schedule: tuple[Window, ...] = ()
+    ops_schedule: tuple[Window, ...] = ()
     throttle_reads: bool = False
     # the fleet budget (fleet.py): a token bucket in Redis shared with other mounts
     budget: FleetAddress | None = None
@@ -341,9 +345,32 @@ _METER_FIELDS: dict[str, Callable[[str], float]] = {
 }
 
 
+#: The ceilings that take a time-of-day schedule, and the field the schedule goes to.
+SCHEDULED = {"metered_limit": "metered_schedule", "ops_limit": "ops_schedule"}
+_WINDOW_ITEM = re.compile(r"^\d{1,2}:\d{2}-")
+
+
 def split_options(groups: Iterable[str]) -> list[str]:
-    """Flatten several ``-o a,b=c`` arguments into ``["a", "b=c"]``."""
-    return [item.strip() for group in groups for item in group.split(",") if item.strip()]
+    """Flatten several ``-o a,b=c`` arguments into ``["a", "b=c"]``; a schedule's windows
+    stay with their ceiling (``metered_limit=100M,01:00-06:00=20M`` is one item)."""
+    out: list[str] = []
+    for item in (i.strip() for group in groups for i in group.split(",")):
+        if not item:
+            continue
+        if _WINDOW_ITEM.match(item) and out and out[-1].partition("=")[0] in SCHEDULED:
+            out[-1] += "," + item
+        else:
+            out.append(item)
+    return out
+
+
+def parse_scheduled(raw: str) -> tuple[float, tuple[Window, ...]]:
+    """``100M,01:00-06:00=20M`` -> (base rate, windows)."""
+    base, *windows = raw.split(",")
+    try:
+        return parse_rate(base), tuple(parse_window(w, parse_rate) for w in windows)
+    except ScheduleError as err:
+        raise OptionError(str(err)) from None
 
 
 def _check_engine(raw: str) -> None:
@@ -406,15 +433,23 @@ def parse_options(items: Iterable[str], **base: object) -> Config:
             raise OptionError(f"unknown option: {key!r}")
         if not eq or raw == "":
             raise OptionError(f"option {key} needs a value ({key}=...)")
-        try:
-            values[key] = parser(raw)
-        except OptionError as err:
-            raise OptionError(f"option {key}: {err}") from None
+        _parse_valued(key, raw, values)
     values["kernel_options"] = tuple(kernel)
     _bounds_follow_the_window(values)
     config = Config(**values)  # type: ignore[arg-type]
     validate(config)
     return config
+
+
+def _parse_valued(key: str, raw: str, values: dict[str, object]) -> None:
+    """One ``key=value`` into *values* (a ceiling's schedule into its own field)."""
+    try:
+        if key in SCHEDULED:
+            values[key], values[SCHEDULED[key]] = parse_scheduled(raw)
+        else:
+            values[key] = _VALUED[key](raw)
+    except OptionError as err:
+        raise OptionError(f"option {key}: {err}") from None
 
 
 def _bounds_follow_the_window(values: dict[str, object]) -> None:
@@ -462,6 +497,8 @@ def validate(config: Config) -> None:
         raise OptionError("permissions=target needs credentials=caller")
     if config.metered_limit < 0 or config.ops_limit < 0:
         raise OptionError("metered_limit and ops_limit must not be negative")
+    if any(w.value < 0 for w in (*config.metered_schedule, *config.ops_schedule)):
+        raise OptionError("a scheduled metered_limit or ops_limit must not be negative")
     if config.guard_min <= 0:
         raise OptionError("guard_min must be positive (the backup must always finish)")
     if not config.guard and (config.guard_some is not None or config.guard_min != Config.guard_min):
@@ -493,7 +530,8 @@ def replace(config: Config, **changes: object) -> Config:
     return new
 
 
-#: What ``fusethrottle set`` may change while the mount serves (and SIGHUP rereads).
+#: What ``fusethrottle set`` may change while the mount serves (and SIGHUP rereads); a
+#: ceiling's schedule changes with it.
 LIVE = (
     "mode",
     "window",
@@ -519,10 +557,7 @@ def parse_live(items: Iterable[str], config: Config) -> Config:
             raise OptionError(f"unknown option: {key!r}")
         if not eq or raw == "":
             raise OptionError(f"option {key} needs a value ({key}=...)")
-        try:
-            changes[key] = _VALUED[key](raw)
-        except OptionError as err:
-            raise OptionError(f"option {key}: {err}") from None
+        _parse_valued(key, raw, changes)
     if not changes:
         raise OptionError(f"nothing to change: give key=value (one of {', '.join(LIVE)})")
     values = {"mode": config.mode, **changes}

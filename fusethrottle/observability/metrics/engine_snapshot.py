@@ -44,6 +44,7 @@ class EngineView:
     fleet: FleetStatistics | None = None  # budget=: this mount's share, as the renewer sees it
     guard: GuardFacts | None = None  # guard=: the pressure guard's last decision
     changes: tuple[str, ...] = ()  # settings changed while serving (set, reload), newest last
+    schedule: str = ""  # the ceilings' schedule: what applies now ("": no schedule)
 
 
 def capability_question(stats: EngineStats) -> str:
@@ -128,5 +129,6 @@ def engine_snapshot(
         fleet=view.fleet,
         guard=view.guard,
         settings_changed=view.changes,
+        schedule=view.schedule,
         **cgroup_facts(placement.cgroup),
     )

@@ -180,6 +180,8 @@ class Snapshot:
     guard: GuardFacts | None = None  # the pressure guard (guard=), if any
     #: Settings changed while serving (``fusethrottle set``, a reload), newest last.
     settings_changed: tuple[str, ...] = ()
+    #: The ceilings' time-of-day schedule: what applies now ("": no schedule).
+    schedule: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the status socket's answer; docs/METRICS.md describes it)."""
