@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from fusethrottle.service.mountinfo import MountInfo, containing_mount, mounts, parse
@@ -35,6 +36,17 @@ def test_mounts_reads_a_file(tmp_path: Path) -> None:
     path = tmp_path / "mountinfo"
     path.write_text(TEXT)
     assert mounts(str(path)) == parse(TEXT)
+
+
+def test_a_mount_whose_path_is_not_utf8_is_read_as_python_reads_file_names(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "mountinfo"
+    odd = b"/tmp/mnt\xff\\040x"  # another user's mount: any bytes but NUL
+    path.write_bytes(TEXT.encode() + b"46 30 0:42 / " + odd + b" rw - tmpfs tmpfs rw\n")
+    table = mounts(str(path))
+    assert table[-1].mountpoint == "/tmp/mnt\udcff x"
+    assert os.fsencode(table[-1].mountpoint) == b"/tmp/mnt\xff x"
 
 
 def test_super_option_values_flags_and_absence() -> None:

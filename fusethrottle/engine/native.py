@@ -25,7 +25,7 @@ from ..metering.meter import (
 )
 
 #: Must match FT_ENGINE_ABI of the library.
-ABI = 8
+ABI = 9
 LIBRARY = Path(__file__).with_name("libfusethrottle_engine.so")
 LIBRARY_ENV = "FUSETHROTTLE_ENGINE_LIBRARY"
 _ERROR_SIZE = 512
@@ -399,6 +399,16 @@ def load() -> ctypes.CDLL:
     lib.ft_engine_read_events.argtypes = (ctypes.c_void_p, ctypes.POINTER(_Event), ctypes.c_size_t)
     lib.ft_engine_set_window.restype = None
     lib.ft_engine_set_window.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_double)
+    lib.ft_engine_set_ceilings.restype = None
+    lib.ft_engine_set_ceilings.argtypes = (ctypes.c_void_p, ctypes.c_double, ctypes.c_double)
+    lib.ft_engine_set_params.restype = None
+    lib.ft_engine_set_params.argtypes = (
+        ctypes.c_void_p,
+        ctypes.c_uint64,
+        ctypes.c_double,
+        ctypes.c_int,
+        ctypes.c_int,
+    )
     lib.ft_engine_fleet_hand_out.restype = None
     lib.ft_engine_fleet_hand_out.argtypes = (ctypes.c_void_p,) + (ctypes.c_double,) * 4
     lib.ft_engine_unsynced.restype = ctypes.c_size_t
@@ -528,6 +538,16 @@ class NativeEngine:
         """The controller's decision: what the gate admits, and the pace above half of it."""
         assert self._handle is not None
         self._lib.ft_engine_set_window(self._handle, window, commit_rate or 0.0)
+
+    def set_ceilings(self, metered_limit: float, ops_limit: float) -> None:
+        """The ceilings from now on (0: none): ``fusethrottle set``, a schedule, the guard."""
+        assert self._handle is not None
+        self._lib.ft_engine_set_ceilings(self._handle, metered_limit, ops_limit)
+
+    def set_params(self, batch: int, max_age: float, enforce: bool, inject: bool) -> None:
+        """``fusethrottle set``: the batch, max_age and mode from now on."""
+        assert self._handle is not None
+        self._lib.ft_engine_set_params(self._handle, batch, max_age, int(enforce), int(inject))
 
     def fleet_spending(self) -> Spending:
         """What requests spent of the fleet's share, and who waits for it."""

@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from ..service.mountinfo import find_mount, mounts
-from .status_socket import FSTYPE, REQUESTS, RUN_DIR, daemon_dir, socket_name
+from .status_socket import FSTYPE, PRIVILEGED, REQUESTS, RUN_DIR, daemon_dir, socket_name
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +153,13 @@ async def _answer(
         with conn, trio.move_on_after(REQUEST_TIMEOUT):
             try:
                 request = (await _read_line(conn)).strip() or "status"
-                if request not in REQUESTS:
+                verb = request.split(" ", 1)[0]
+                if verb not in REQUESTS or (verb != "set" and verb != request):
                     reply: dict[str, Any] = {"error": f"unknown request {request!r}"}
-                elif request == "tasks" and _peer_uid(conn) not in (0, os.geteuid()):
-                    # Stacks name files and paths: not for every local user.
-                    reply = {"error": "only root and the daemon's user may list its tasks"}
+                elif verb in PRIVILEGED and _peer_uid(conn) not in (0, os.geteuid()):
+                    # Stacks name files and paths, and limits are the mount owner's to change.
+                    what = "list its tasks" if verb == "tasks" else "change its settings"
+                    reply = {"error": f"only root and the daemon's user may {what}"}
                 else:
                     reply = respond(request)
                 reply["device"] = device

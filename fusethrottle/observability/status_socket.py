@@ -8,7 +8,8 @@ anonymous ``0:NN`` that is unique among live mounts), in a runtime directory:
 * ``$XDG_RUNTIME_DIR/fusethrottle/0:NN.sock``     an unprivileged daemon with a runtime dir
 * ``/tmp/fusethrottle-UID/0:NN.sock``             otherwise (directory 0700, checked on use)
 
-The protocol is one request line (one of REQUESTS) answered by one JSON document and a close,
+The protocol is one request line (one of REQUESTS, ``set`` followed by ``key=value`` words)
+answered by one JSON document and a close,
 so ``socat - UNIX-CONNECT:/run/fusethrottle/0:NN.sock <<<status`` works too. The answer is
 described in docs/METRICS.md. daemon_dir and client_dirs sit side by side so that where a
 daemon puts its socket and where the command looks cannot drift apart.
@@ -23,7 +24,9 @@ import os
 
 FSTYPE = "fuse.fusethrottle"
 RUN_DIR = "/run/fusethrottle"
-REQUESTS = ("status", "tasks")
+REQUESTS = ("status", "tasks", "set")
+#: Requests only root and the daemon's own user may make (tasks name files; set changes limits).
+PRIVILEGED = ("tasks", "set")
 
 
 def socket_name(device: str) -> str:

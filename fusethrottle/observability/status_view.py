@@ -165,8 +165,14 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
             f"{fmt_seconds(s['ceiling_delay_seconds'])} in all"
         )
     lines.append(f"  ceilings     {ceilings}")
+    if s.get("schedule"):
+        lines.append(f"  schedule     {s['schedule']}")
     if s.get("fleet"):
         lines += _fleet_lines(s["fleet"])
+    if s.get("guard"):
+        lines.append(_guard_line(s["guard"]))
+    for i, change in enumerate(s.get("settings_changed") or ()):
+        lines.append(f"  {'changed' if i == 0 else '':<12} {change}")
     target_errors = s["target_errors"]
     if target_errors:
         shown = ", ".join(f"{op} {name} x{n}" for op, name, n in target_errors[:8])
@@ -221,6 +227,22 @@ def _ceilings(m: dict[str, Any], r: dict[str, Any]) -> str:
     else:
         parts.append("ops none")
     return ", ".join(parts)
+
+
+def _guard_line(g: dict[str, Any]) -> str:
+    """The pressure guard (guard=): what it protects, the stall it sees and what it allows."""
+    if g["state"] == "holding":
+        doing = f"HOLDING the backup to {fmt_rate(g['limit'])}"
+    elif g["state"] == "learning":
+        doing = "learning the idle pressure"
+    else:
+        doing = "open (no limit)"
+    wake = "triggers" if g["triggers"] else "polling"
+    return (
+        f"  guard        {g['protects']}: {doing}; stalled {g['share'] * 100:.1f}% "
+        f"(line {g['line'] * 100:.1f}%), held back {fmt_seconds(g['held_seconds'])} in all; "
+        f"{wake}"
+    )
 
 
 def _fleet_lines(f: dict[str, Any]) -> list[str]:

@@ -26,6 +26,7 @@ from .target_probe import can_switch
 USAGE = (
     "usage: fusethrottle SOURCE MOUNTPOINT [-o opt[,opt...]] [-f]\n"
     "       fusethrottle status MOUNTPOINT [--watch] [--interval SECONDS]\n"
+    "       fusethrottle set MOUNTPOINT key=value [key=value...]\n"
     "       fusethrottle budget set redis://HOST:PORT/NAME [--metered RATE] [--ops UNITS]\n"
     "       fusethrottle budget show redis://HOST:PORT/NAME\n"
     "       fusethrottle --version"
@@ -135,6 +136,13 @@ def check_environment(config: Config) -> None:
         )
     if config.budget is not None:
         _check_fleet(config)
+    if config.guard:
+        from ..guard.pressure import PressureUnavailable, pressure_files
+
+        try:
+            pressure_files(config.guard)
+        except PressureUnavailable as err:
+            raise UsageError(str(err)) from None
 
 
 def _check_fleet(config: Config) -> None:
@@ -237,6 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..observability.status import main as status_main
 
         return status_main(args[1:])
+    if args[0] == "set":
+        from .set_command import main as set_main
+
+        return set_main(args[1:])
     if args[0] == "budget":
         from ..metering.fleet_command import main as fleet_main
 

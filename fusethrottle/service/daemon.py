@@ -20,6 +20,7 @@ code says so), unmount if the kernel has not already.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import faulthandler
 import logging
@@ -28,17 +29,23 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from .. import _libc
 from ..engine.native import EngineConfig, EngineUnavailable, LostEvent, NativeEngine, SyncEvent
+from ..guard.pressure import pressure_files
+from ..guard.rule import GuardSettings
+from ..guard.watcher import PressureGuard
 from ..loglimit import LogLimiter
 from ..metering import fleet
 from ..metering.meter import profile_for
+from ..metering.schedule import Schedule
 from ..observability.metrics import Recorder, bind_endpoint, make_registry, serve_endpoint
 from ..observability.metrics.definitions import ADMISSION_BUCKETS
 from ..observability.metrics.diagnostics import run_diagnostics
@@ -51,11 +58,14 @@ from ..trio_compat import run_sync_abandoning
 from ..window.controller import effective_window, make_controller
 from ..window.kernel_cache import KernelCache
 from . import sdnotify
+from .live_settings import Change, apply_reload, apply_set
 from .logformat import JsonFormatter
 from .mountinfo import find_mount
-from .options import Config
+from .options import Config, OptionError
 from .placement import Placement, place
 from .readiness import stat_from_child
+from .schedules import Ceilings as ScheduledCeilings
+from .schedules import ScheduleFollower, describe
 from .target_probe import can_switch, target_has_xattrs
 
 log = logging.getLogger(__name__)
@@ -64,6 +74,10 @@ log = logging.getLogger(__name__)
 CACHE_QUIET_PAUSE = 0.3
 #: How long the loop may take to notice the stop before the connection is aborted.
 LOOP_END_GRACE = 2.0
+#: The settings file a reload (SIGHUP) rereads: fusethrottle@.service names the instance's.
+CONF_ENV = "FUSETHROTTLE_CONF"
+#: Changes of settings status shows.
+CHANGES_KEPT = 10
 #: Request threads of the engine at most (the kernel's max_background is 12 by default).
 MAX_THREADS = 16
 
@@ -272,6 +286,115 @@ class Daemon:
             self.fleet.spend_through(engine)
         self.metrics = Publisher(self.config, self._snapshot)
         self._server = server
+        #: The pressure guard (guard=): the backup's rate from the protected workload's stall.
+        self._guard_rate: float | None = None
+        #: The ceilings' time-of-day schedules (metered_limit=100M,01:00-06:00=20M).
+        self._ceilings = ScheduledCeilings(self.config.metered_limit, self.config.ops_limit)
+        self.schedule = ScheduleFollower(self._schedules, self._scheduled, time.time)
+        #: Settings changed while serving, newest last (status shows them).
+        self.changes: tuple[str, ...] = ()
+        self._nursery: trio.Nursery | None = None
+        self.guard: PressureGuard | None = None
+        if self.config.guard:
+            self.guard = PressureGuard(
+                pressure_files(self.config.guard),
+                GuardSettings(some=self.config.guard_some, min_rate=self.config.guard_min),
+                lambda: self.engine.stats().written_bytes,
+                self._guard_limit,
+            )
+
+    def _guard_limit(self, limit: float | None) -> None:
+        """The guard's rate, as a ceiling on metered bytes: the tighter of it and metered_limit."""
+        self._guard_rate = limit
+        self._apply_ceilings()
+
+    def _schedules(self) -> tuple[Schedule, Schedule]:
+        c = self.config
+        return Schedule(c.metered_limit, c.metered_schedule), Schedule(c.ops_limit, c.ops_schedule)
+
+    def _has_schedule(self) -> bool:
+        return bool(self.config.metered_schedule or self.config.ops_schedule)
+
+    def _scheduled(self, ceilings: ScheduledCeilings) -> None:
+        self._ceilings = ceilings
+        self._apply_ceilings()
+
+    def _apply_ceilings(self) -> None:
+        """The engine's ceilings: the schedule's values now, the guard's rate if tighter."""
+        metered, ops = self._ceilings.metered, self._ceilings.ops
+        if self._guard_rate is not None:
+            metered = min(metered, self._guard_rate) if metered > 0 else self._guard_rate
+        self.engine.set_ceilings(metered, ops)
+
+    # -- settings changed while serving: `fusethrottle set`, SIGHUP ------------------------
+
+    def _respond(self, request: str) -> dict[str, Any]:
+        """The status socket's requests (on the event loop): ``set key=value...`` here, the
+        rest is the publisher's."""
+        verb, _, rest = request.partition(" ")
+        if verb != "set":
+            return self.metrics.status(request)
+        try:
+            new, changed = apply_set(self.config, rest.split())
+        except OptionError as err:
+            return {"refused": str(err)}
+        self._change_settings(new, changed, "fusethrottle set")
+        return {"changed": [str(c) for c in changed]}
+
+    def _reload(self) -> None:
+        """SIGHUP (systemctl reload): reread the instance's file and apply what changed; an
+        invalid file, or one that changes what cannot change while mounted, applies nothing."""
+        path = os.environ.get(CONF_ENV, "")
+        if not path:
+            log.warning(
+                "SIGHUP: no settings file to reread (%s is not set); nothing changed", CONF_ENV
+            )
+            return
+        sdnotify.notify("RELOADING=1")
+        try:
+            with open(path) as f:
+                text = f.read()
+            new, changed = apply_reload(self.config, text)
+        except (OSError, OptionError) as err:
+            log.error("reload of %s refused, the running settings stay: %s", path, err)
+        else:
+            self._change_settings(new, changed, f"reload of {path}")
+        sdnotify.notify("READY=1")
+
+    def _change_settings(self, new: Config, changed: list[Change], how: str) -> None:
+        """Apply *new* settings (validated) to the engine, the controller and the guard."""
+        if not changed:
+            log.info("%s: nothing changed", how)
+            return
+        old = self.config
+        self.config = new
+        self.placement.config = new
+        keys = {c.key for c in changed}
+        if keys & {"batch", "max_age", "mode"}:
+            enforce = new.mode != "off"
+            self.engine.set_params(new.batch, new.max_age, enforce, enforce)
+        if keys & {"mode", "window"}:
+            self.controller = make_controller(new)
+            self._total = effective_window(self.controller.window, self.controller.commit_rate)
+            assert self._nursery is not None  # (set requests come from a task of it)
+            self._nursery.start_soon(self._update_kernel_cache, self._total)
+            self._hand_window()
+        if keys & {"metered_limit", "ops_limit"}:
+            self.schedule.check()  # the new values, and the window that applies now
+        if self.guard is not None and keys & {"guard_some", "guard_min"}:
+            self.guard.rule.settings = dataclasses.replace(
+                self.guard.rule.settings, some=new.guard_some, min_rate=new.guard_min
+            )
+        if new.log_level != old.log_level:
+            logging.getLogger().setLevel(getattr(logging, new.log_level.upper()))
+        said = ", ".join(map(str, changed))
+        log.info("settings changed by %s: %s", how, said)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self.changes = (*self.changes, f"{stamp} {how}: {said}")[-CHANGES_KEPT:]
+
+    async def _update_kernel_cache(self, total: int) -> None:
+        # A sysfs write can wait (on the bdi's lock): never on the event loop.
+        await trio.to_thread.run_sync(self.kernel_cache.update, total)
 
     async def run(self) -> int:
         info = find_mount(self.config.mountpoint, fstype="fuse.fusethrottle")
@@ -279,17 +402,21 @@ class Daemon:
         await trio.to_thread.run_sync(self.kernel_cache.attach, self._device, self._total)
         self._hand_window()
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             if self.fleet is not None:
                 await nursery.start(self.fleet.run)
             nursery.start_soon(self._signals)
             nursery.start_soon(self._control)
+            await nursery.start(self.schedule.run)
+            if self.guard is not None:
+                await nursery.start(self.guard.run)
             await nursery.start(self.metrics.run_publisher)
             if self._server is not None:
                 registry = make_registry(self.metrics)
                 await nursery.start(partial(serve_endpoint, self._server, registry))
             # Before the engine serves: once the mount answers, status answers too (a query
             # right after the mount came up found no socket yet, now and then).
-            await nursery.start(serve_control, self.config.mountpoint, self.metrics.status)
+            await nursery.start(serve_control, self.config.mountpoint, self._respond)
             nursery.start_soon(run_diagnostics)
             nursery.start_soon(self._announce_ready)
             nursery.start_soon(self._watch_unmount)
@@ -407,9 +534,18 @@ class Daemon:
             self._total,
             self.kernel_cache.statistics().limit_bytes,
             self.fleet.statistics(now) if self.fleet is not None else None,
+            self.guard.facts(self.config.guard) if self.guard is not None else None,
+            self.changes,
+            describe(self._ceilings)
+            if self.config.metered_schedule or self.config.ops_schedule
+            else "",
+        )
+        # The ceilings shown are those that apply now (a schedule's window, if one does).
+        shown = dataclasses.replace(
+            self.config, metered_limit=self._ceilings.metered, ops_limit=self._ceilings.ops
         )
         return engine_snapshot(
-            self.config,
+            shown,
             self.placement,
             view,
             self._fsyncs,
@@ -506,6 +642,8 @@ class Daemon:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
                 if signum == signal.SIGHUP:
+                    if not self._stopping:
+                        self._reload()
                     continue
                 log.info("%s: flushing and unmounting", signal.Signals(signum).name)
                 await self.stop()

@@ -71,7 +71,10 @@ def parse(text: str) -> list[MountInfo]:
 
 
 def mounts(path: str = MOUNTINFO) -> list[MountInfo]:
-    with open(path) as f:
+    """The mount table. Paths are bytes to the kernel: one that is not UTF-8 (anyone's mount,
+    anywhere on the host) is read as Python reads file names (surrogateescape), never a
+    UnicodeDecodeError out of status, the mount's checks or the unmount watcher."""
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
         return parse(f.read())
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..metering.meter import PROFILES, profile
+from ..metering.schedule import ScheduleError, Window, parse_window
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -185,6 +186,9 @@ class Config:
     meter_overrides: tuple[tuple[str, float], ...] = ()
     metered_limit: float = 0.0
     ops_limit: float = 0.0
+    #: Time-of-day windows overriding them (``metered_limit=100M,01:00-06:00=20M``).
+    metered_schedule: tuple[Window, ...] = ()
+    ops_schedule: tuple[Window, ...] = ()
     throttle_reads: bool = False
     # the fleet budget (fleet.py): a token bucket in Redis shared with other mounts
     budget: FleetAddress | None = None
@@ -193,6 +197,10 @@ class Config:
     budget_password_file: str = ""  # else $FUSETHROTTLE_BUDGET_PASSWORD_FILE, else none
     budget_ca: str = ""  # CA file for rediss:// (default: the system's)
     budget_timeout: float = 0.5
+    # the pressure guard (guard/): the backup yields to the protected workload's stall
+    guard: str = ""  # "host", a cgroup v2 directory, or "" (off)
+    guard_some: float | None = None  # the stall share that holds the backup back; None: learned
+    guard_min: float = 4 * MiB  # bytes/s the guard never holds the backup below
     # observability
     metrics: str = ""
     log_level: str = "info"
@@ -262,6 +270,26 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
+def _share(text: str) -> float:
+    """A share of time: ``5%`` or ``0.05``."""
+    percent = text.endswith("%")
+    value = _float(text[:-1] if percent else text)
+    if percent:
+        value /= 100
+    if not 0 < value <= 1:
+        raise OptionError(f"must be a share of time above 0 and at most 100%: {text!r}")
+    return value
+
+
+def _guard(text: str) -> str:
+    """``host``, ``off``, or a cgroup v2 directory (absolute, or under /sys/fs/cgroup)."""
+    if text == "off":
+        return ""
+    if text != "host" and ("\0" in text or ".." in text.split("/")):
+        raise OptionError(f"expected host, off or a cgroup directory, got {text!r}")
+    return text
+
+
 def _address(text: str) -> str:
     host, _, port = text.rpartition(":")
     if not port.isdigit() or not 0 < int(port) < 65536:
@@ -297,6 +325,9 @@ _VALUED: dict[str, Callable[[str], object]] = {
     "metrics": _address,
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
+    "guard": _guard,
+    "guard_some": _share,
+    "guard_min": parse_rate,
     "budget": parse_fleet_url,
     "budget_weight": _positive_float,
     "budget_fallback": _fleet_fallback,
@@ -318,9 +349,32 @@ _METER_FIELDS: dict[str, Callable[[str], float]] = {
 }
 
 
+#: The ceilings that take a time-of-day schedule, and the field the schedule goes to.
+SCHEDULED = {"metered_limit": "metered_schedule", "ops_limit": "ops_schedule"}
+_WINDOW_ITEM = re.compile(r"^\d{1,2}:\d{2}-")
+
+
 def split_options(groups: Iterable[str]) -> list[str]:
-    """Flatten several ``-o a,b=c`` arguments into ``["a", "b=c"]``."""
-    return [item.strip() for group in groups for item in group.split(",") if item.strip()]
+    """Flatten several ``-o a,b=c`` arguments into ``["a", "b=c"]``; a schedule's windows
+    stay with their ceiling (``metered_limit=100M,01:00-06:00=20M`` is one item)."""
+    out: list[str] = []
+    for item in (i.strip() for group in groups for i in group.split(",")):
+        if not item:
+            continue
+        if _WINDOW_ITEM.match(item) and out and out[-1].partition("=")[0] in SCHEDULED:
+            out[-1] += "," + item
+        else:
+            out.append(item)
+    return out
+
+
+def parse_scheduled(raw: str) -> tuple[float, tuple[Window, ...]]:
+    """``100M,01:00-06:00=20M`` -> (base rate, windows)."""
+    base, *windows = raw.split(",")
+    try:
+        return parse_rate(base), tuple(parse_window(w, parse_rate) for w in windows)
+    except ScheduleError as err:
+        raise OptionError(str(err)) from None
 
 
 def _check_engine(raw: str) -> None:
@@ -383,15 +437,23 @@ def parse_options(items: Iterable[str], **base: object) -> Config:
             raise OptionError(f"unknown option: {key!r}")
         if not eq or raw == "":
             raise OptionError(f"option {key} needs a value ({key}=...)")
-        try:
-            values[key] = parser(raw)
-        except OptionError as err:
-            raise OptionError(f"option {key}: {err}") from None
+        _parse_valued(key, raw, values)
     values["kernel_options"] = tuple(kernel)
     _bounds_follow_the_window(values)
     config = Config(**values)  # type: ignore[arg-type]
     validate(config)
     return config
+
+
+def _parse_valued(key: str, raw: str, values: dict[str, object]) -> None:
+    """One ``key=value`` into *values* (a ceiling's schedule into its own field)."""
+    try:
+        if key in SCHEDULED:
+            values[key], values[SCHEDULED[key]] = parse_scheduled(raw)
+        else:
+            values[key] = _VALUED[key](raw)
+    except OptionError as err:
+        raise OptionError(f"option {key}: {err}") from None
 
 
 def _bounds_follow_the_window(values: dict[str, object]) -> None:
@@ -439,6 +501,12 @@ def validate(config: Config) -> None:
         raise OptionError("permissions=target needs credentials=caller")
     if config.metered_limit < 0 or config.ops_limit < 0:
         raise OptionError("metered_limit and ops_limit must not be negative")
+    if any(w.value < 0 for w in (*config.metered_schedule, *config.ops_schedule)):
+        raise OptionError("a scheduled metered_limit or ops_limit must not be negative")
+    if config.guard_min <= 0:
+        raise OptionError("guard_min must be positive (the backup must always finish)")
+    if not config.guard and (config.guard_some is not None or config.guard_min != Config.guard_min):
+        raise OptionError("guard_some and guard_min need guard=host or guard=CGROUP")
     if config.admission_timeout <= 0:
         raise OptionError("admission_timeout must be positive")
     if config.budget is None:
@@ -464,3 +532,38 @@ def replace(config: Config, **changes: object) -> Config:
     new = dataclasses.replace(config, **changes)  # type: ignore[arg-type]
     validate(new)
     return new
+
+
+#: What ``fusethrottle set`` may change while the mount serves (and SIGHUP rereads); a
+#: ceiling's schedule changes with it.
+LIVE = (
+    "mode",
+    "window",
+    "batch",
+    "max_age",
+    "metered_limit",
+    "ops_limit",
+    "guard_some",
+    "guard_min",
+    "log_level",
+)
+
+
+def parse_live(items: Iterable[str], config: Config) -> Config:
+    """*config* with ``key=value`` *items* applied, each one that may change while mounted;
+    validated as at mount time. Anything else is refused with the reason, in one line."""
+    changes: dict[str, object] = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        if key not in LIVE:
+            if key in _VALUED or key in _BOOLEAN or key == "guard":
+                raise OptionError(f"{key} cannot change while mounted: remount to change it")
+            raise OptionError(f"unknown option: {key!r}")
+        if not eq or raw == "":
+            raise OptionError(f"option {key} needs a value ({key}=...)")
+        _parse_valued(key, raw, changes)
+    if not changes:
+        raise OptionError(f"nothing to change: give key=value (one of {', '.join(LIVE)})")
+    values = {"mode": config.mode, **changes}
+    _bounds_follow_the_window(values)  # a window set past the default bounds moves them
+    return replace(config, **values)

@@ -44,22 +44,60 @@ Ceilings::Ceilings(double metered_limit, double ops_limit, bool throttle_reads, 
       throttle_reads_(throttle_reads) {}
 
 void Ceilings::pay(OpClass cls, Charge charge) {
-  if (!active_ || !applies_to(cls)) return;
+  if (!active() || !applies_to(cls)) return;
   std::unique_lock<std::mutex> guard(lock_);
   if (open_) return;
   double now = now_seconds();
-  double delay = std::max(bytes_.delay_for(now, static_cast<double>(charge.metered)),
-                          units_.delay_for(now, static_cast<double>(charge.units)));
+  double byte_delay = bytes_.delay_for(now, static_cast<double>(charge.metered));
+  double unit_delay = units_.delay_for(now, static_cast<double>(charge.units));
+  double delay = std::max(byte_delay, unit_delay);
   if (delay <= 0) return;
   stats_.delayed++;
   stats_.delay_seconds += delay;
+  // Which bucket holds it back, and at what rate: a new rate rescales what is left.
+  bool by_bytes = byte_delay >= unit_delay;
+  double rate = by_bytes ? bytes_.rate() : units_.rate();
   auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(delay);
-  if (wake_.wait_until(guard, until, [this] { return open_; })) {
-    // Woken by the close: what it did not wait for is given back.
-    double at = now_seconds();
-    bytes_.refund(at, static_cast<double>(charge.metered));
-    units_.refund(at, static_cast<double>(charge.units));
+  for (;;) {
+    uint64_t seen = generation_;
+    bool woken = wake_.wait_until(guard, until, [this, seen] { return open_ || generation_ != seen; });
+    if (!woken) return;  // waited its turn
+    if (open_) {
+      // Woken by the close: what it did not wait for is given back.
+      double at = now_seconds();
+      bytes_.refund(at, static_cast<double>(charge.metered));
+      units_.refund(at, static_cast<double>(charge.units));
+      return;
+    }
+    double new_rate = by_bytes ? bytes_.rate() : units_.rate();
+    if (new_rate <= 0) return;  // that limit is gone
+    auto left = until - std::chrono::steady_clock::now();
+    until = std::chrono::steady_clock::now() +
+            std::chrono::duration_cast<std::chrono::steady_clock::duration>(left * (rate / new_rate));
+    rate = new_rate;
   }
+}
+
+void Ceilings::set_limits(double metered_limit, double ops_limit) {
+  std::lock_guard<std::mutex> guard(lock_);
+  double now = now_seconds();
+  metered_limit = std::max(metered_limit, 0.0);
+  ops_limit = std::max(ops_limit, 0.0);
+  bytes_.set_rate(now, metered_limit, std::max(metered_limit * kBurstSeconds, double(1 << 20)));
+  units_.set_rate(now, ops_limit, std::max(ops_limit * kBurstSeconds, 5.0));
+  active_.store(metered_limit > 0 || ops_limit > 0, std::memory_order_relaxed);
+  generation_++;
+  wake_.notify_all();
+}
+
+double Ceilings::metered_limit() {
+  std::lock_guard<std::mutex> guard(lock_);
+  return bytes_.rate();
+}
+
+double Ceilings::ops_limit() {
+  std::lock_guard<std::mutex> guard(lock_);
+  return units_.rate();
 }
 
 void Ceilings::open_up() {

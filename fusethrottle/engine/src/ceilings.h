@@ -5,6 +5,7 @@
 // fusethrottle/metering/token_bucket.py's (which paces the fleet share).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -45,7 +46,7 @@ class Ceilings {
 
   Ceilings(double metered_limit, double ops_limit, bool throttle_reads, double now);
 
-  bool active() const { return active_; }
+  bool active() const { return active_.load(std::memory_order_relaxed); }
   // Requests of *cls* pay (writes; reads and metadata too with throttle_reads).
   bool applies_to(OpClass cls) const {
     return cls != OpClass::kNone && (cls == OpClass::kDataWrite || throttle_reads_);
@@ -55,15 +56,22 @@ class Ceilings {
   void pay(OpClass cls, Charge charge);
   // Wake every waiting request: the mount is closing.
   void open_up();
+  // New limits from now on (0: none), changed while the mount serves (`fusethrottle set`, the
+  // pressure guard): requests already waiting rescale what is left of their wait to the new
+  // rate, so a loosened limit lets them go at once rather than after the old, longer wait.
+  void set_limits(double metered_limit, double ops_limit);
+  double metered_limit();
+  double ops_limit();
   CeilingStats stats();
 
  private:
   std::mutex lock_;
   std::condition_variable wake_;
   TokenBucket bytes_, units_;
-  bool active_;
+  std::atomic<bool> active_;
   bool throttle_reads_;
   bool open_ = false;
+  uint64_t generation_ = 0;  // bumped by set_limits: waiters look at the new rates
   CeilingStats stats_;
 };
 

@@ -249,6 +249,15 @@ void ft_engine_set_window(ft_engine* engine, uint64_t window, double commit_rate
   engine->engine->window().set_window(window, commit_rate);
 }
 
+void ft_engine_set_ceilings(ft_engine* engine, double metered_limit, double ops_limit) {
+  engine->engine->ceilings().set_limits(metered_limit, ops_limit);
+}
+
+void ft_engine_set_params(ft_engine* engine, uint64_t batch, double max_age, int enforce,
+                          int inject) {
+  engine->engine->window().set_params(batch, max_age, enforce != 0, inject != 0);
+}
+
 void ft_engine_fleet_hand_out(ft_engine* engine, double allow_metered, double allow_units,
                               double pace_metered, double pace_units) {
   engine->engine->fleet().hand_out(allow_metered, allow_units, pace_metered, pace_units);

@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a structure or call below changes: Python refuses a library of another. */
-#define FT_ENGINE_ABI 8
+#define FT_ENGINE_ABI 9
 
 /* The requests the engine serves, in the order of ft_engine_stats.operations (native.py
  * names them as the FUSE operations they are). */
@@ -193,6 +193,14 @@ size_t ft_engine_read_events(struct ft_engine *engine, struct ft_engine_event *o
 /* The controller's decision: the window the gate admits, and the target's commit rate
  * (bytes/s, 0 if not known) that paces writes above half of it. */
 void ft_engine_set_window(struct ft_engine *engine, uint64_t window, double commit_rate);
+/* The ceilings from now on (metered bytes/s, op units/s; 0: none), while the mount serves:
+ * `fusethrottle set`, a schedule, the pressure guard. Requests waiting at a ceiling rescale
+ * what is left of their wait to the new rate. */
+void ft_engine_set_ceilings(struct ft_engine *engine, double metered_limit, double ops_limit);
+/* `fusethrottle set`: batch (bytes), max_age (seconds) and the mode (enforce, inject as in the
+ * config) from now on. */
+void ft_engine_set_params(struct ft_engine *engine, uint64_t batch, double max_age, int enforce,
+                          int inject);
 /* The files that still owe the target data, as lines "ERRNO PATH\n" (ERRNO 0: the target did
  * not answer; PATH: where the file is on the target), into *out* of *size* (cut at a whole
  * line): the bytes written. Touches no file of the target: safe while it hangs. */

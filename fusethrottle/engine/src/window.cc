@@ -465,6 +465,16 @@ void Window::set_window(uint64_t window, double commit_rate) {
   wake_flusher_by(now_seconds());
 }
 
+void Window::set_params(uint64_t batch, double max_age, bool enforce, bool inject) {
+  std::lock_guard<std::mutex> guard(lock_);
+  p_.batch = std::max<uint64_t>(batch, 1);
+  p_.max_age = max_age;
+  p_.enforce = enforce;
+  p_.inject = inject;
+  gate_.notify_all();
+  wake_flusher_by(now_seconds());
+}
+
 WindowStats Window::stats() {
   std::lock_guard<std::mutex> guard(lock_);
   WindowStats s{};

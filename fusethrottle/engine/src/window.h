@@ -197,6 +197,9 @@ class Window {
 
   // --- the control plane ---
   void set_window(uint64_t window, double commit_rate);
+  // `fusethrottle set`: the batch, max_age and mode from now on (a write waiting at the gate
+  // of a mount turned to mode=off goes at once).
+  void set_params(uint64_t batch, double max_age, bool enforce, bool inject);
   WindowStats stats();
   const WindowParams& params() const { return p_; }
 

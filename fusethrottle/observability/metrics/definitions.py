@@ -149,6 +149,18 @@ DEFS: dict[str, MetricDef] = _defs(
               "Seconds spent on the fallback budget."),
     MetricDef("fusethrottle_budget_active_mounts", "gauge",
               "Mounts drawing from the fleet budget, this one included, at the last lease."),
+    # the pressure guard (guard=); only with a guard
+    MetricDef("fusethrottle_guard_pressure_ratio", "gauge",
+              "Share of time the protected workload stalled on memory or I/O (PSI some, the "
+              "worse of the two) at the guard's last reading."),
+    MetricDef("fusethrottle_guard_line_ratio", "gauge",
+              "Stall share above which the guard holds the backup back (learned or guard_some)."),
+    MetricDef("fusethrottle_guard_allowed_bytes_per_second", "gauge",
+              "Rate the guard lets the backup write at (0: no limit from the guard)."),
+    MetricDef("fusethrottle_guard_held_back_seconds_total", "counter",
+              "Seconds the guard held the backup back."),
+    MetricDef("fusethrottle_guard_state", "gauge",
+              "1 for the guard's state (learning, open or holding).", ("state",)),
     # memory (issue 15)
     MetricDef("fusethrottle_memory_cgroup_usage_bytes", "gauge",
               "Memory charged to the daemon's own memory cgroup (the target's page cache and the "

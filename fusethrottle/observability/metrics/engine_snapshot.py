@@ -22,6 +22,7 @@ from .definitions import ADMISSION_BUCKETS
 from .recorder import HistogramSnapshot, Recorder
 from .snapshot import (
     ControllerFacts,
+    GuardFacts,
     MountFacts,
     RateHistory,
     Snapshot,
@@ -41,6 +42,9 @@ class EngineView:
     window_bytes: int  # the bound on everything un-synced, the kernel's share included
     kernel_cache_bytes: int
     fleet: FleetStatistics | None = None  # budget=: this mount's share, as the renewer sees it
+    guard: GuardFacts | None = None  # guard=: the pressure guard's last decision
+    changes: tuple[str, ...] = ()  # settings changed while serving (set, reload), newest last
+    schedule: str = ""  # the ceilings' schedule: what applies now ("": no schedule)
 
 
 def capability_question(stats: EngineStats) -> str:
@@ -123,5 +127,8 @@ def engine_snapshot(
         page_cache_drops=s.page_cache_drops,
         target_writes_uncached=placement.direct_writes or "",
         fleet=view.fleet,
+        guard=view.guard,
+        settings_changed=view.changes,
+        schedule=view.schedule,
         **cgroup_facts(placement.cgroup),
     )

@@ -24,6 +24,7 @@ from prometheus_client.core import (
 )
 
 from ... import __version__
+from ...guard.rule import GuardState
 from ...metering.fleet import FleetStatistics
 from ...metering.meter import ClassTotals
 from ...service.options import MODES
@@ -31,6 +32,8 @@ from .definitions import DEFS, OP_CLASSES
 from .publisher import Publisher
 from .recorder import HistogramSnapshot
 from .snapshot import Snapshot
+
+GUARD_STATES = tuple(state.value for state in GuardState)
 
 #: One family of any kind: each kind's add_metric takes its own arguments.
 _Family = CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily | InfoMetricFamily
@@ -123,6 +126,14 @@ def families(snap: Snapshot, age: float) -> list[Metric]:
 
     if snap.fleet is not None:
         _fleet_families(snap.fleet, value)
+    if snap.guard is not None:
+        g = snap.guard
+        value("fusethrottle_guard_pressure_ratio", g.share)
+        value("fusethrottle_guard_line_ratio", g.line)
+        value("fusethrottle_guard_allowed_bytes_per_second", g.limit)
+        value("fusethrottle_guard_held_back_seconds_total", g.held_seconds)
+        for state in GUARD_STATES:
+            value("fusethrottle_guard_state", 1 if g.state == state else 0, state)
 
     value("fusethrottle_memory_cgroup_usage_bytes", snap.memory_cgroup_usage_bytes or 0)
     value("fusethrottle_memory_cgroup_limit_bytes", snap.memory_cgroup_limit_bytes)

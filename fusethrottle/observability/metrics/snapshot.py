@@ -117,6 +117,19 @@ class Rates:
 
 
 @dataclass(frozen=True)
+class GuardFacts:
+    """The pressure guard at one instant (guard=): what it protects and what it decided."""
+
+    protects: str  # "host" or the cgroup directory
+    state: str  # learning, open, holding (guard.rule.GuardState)
+    share: float  # the protected workload's stall share at the last reading
+    line: float  # the share above which the backup is held back
+    limit: float  # bytes/s the backup may write at (0: no limit from the guard)
+    held_seconds: float  # time spent holding the backup back
+    triggers: bool  # the kernel's PSI triggers wake the guard (else it polls)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything a scrape or ``fusethrottle status`` shows, copied at one instant."""
 
@@ -164,6 +177,11 @@ class Snapshot:
     memory_cgroup_limit_bytes: int = 0
     page_cache_drops: int = 0
     fleet: FleetStatistics | None = None  # the fleet budget (budget=redis://...), if any
+    guard: GuardFacts | None = None  # the pressure guard (guard=), if any
+    #: Settings changed while serving (``fusethrottle set``, a reload), newest last.
+    settings_changed: tuple[str, ...] = ()
+    #: The ceilings' time-of-day schedule: what applies now ("": no schedule).
+    schedule: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the status socket's answer; docs/METRICS.md describes it)."""

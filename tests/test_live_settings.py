@@ -1,0 +1,77 @@
+"""Settings changed while mounted (``fusethrottle set``, a reload), without a mount: what is
+applied, and that a refused request or file applies nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from fusethrottle.service.live_settings import apply_reload, apply_set, read_conf
+from fusethrottle.service.options import OptionError, parse_options
+
+MiB = 1 << 20
+RUNNING = parse_options(
+    ["mode=static", "batch=16M", "window=64M", "metered_limit=50M", "allow_other"],
+    source="/srv/nfs",
+    mountpoint="/backups",
+)
+
+
+def test_set_applies_live_settings_and_says_what_changed() -> None:
+    new, changed = apply_set(RUNNING, ["window=128M", "metered_limit=20M", "log_level=debug"])
+    assert (new.window, new.metered_limit, new.log_level) == (128 * MiB, 20 * MiB, "debug")
+    assert [c.key for c in changed] == ["window", "metered_limit", "log_level"]
+    assert str(changed[0]) == f"window {64 * MiB} -> {128 * MiB}"
+    assert new.allow_other and new.batch == RUNNING.batch  # the rest stays
+
+
+@pytest.mark.parametrize(
+    ("items", "says"),
+    [
+        (["allow_other=no"], "allow_other cannot change while mounted"),
+        (["threads=64"], "threads cannot change while mounted"),
+        (["window=8M"], "window (8388608 bytes) must be at least batch"),
+        (["max_age=soon"], "option max_age: not a duration"),
+        (["nonsense=1"], "unknown option: 'nonsense'"),
+        (["guard_min=8M"], "guard_some and guard_min need guard="),
+        ([], "nothing to change"),
+    ],
+)
+def test_set_refuses_with_one_line_and_applies_nothing(items: list[str], says: str) -> None:
+    with pytest.raises(OptionError) as err:
+        apply_set(RUNNING, items)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_equal_value_is_no_change() -> None:
+    assert apply_set(RUNNING, ["batch=16M"])[1] == []
+
+
+CONF = """# /etc/fusethrottle/backups.conf
+SOURCE=/srv/nfs
+OPTIONS="allow_other,mode=static,batch=16M,window=32M,metered_limit=10M"
+"""
+
+
+def test_a_reload_applies_what_the_file_changed() -> None:
+    new, changed = apply_reload(RUNNING, CONF)
+    assert {c.key for c in changed} == {"window", "metered_limit"}
+    assert (new.window, new.metered_limit) == (32 * MiB, 10 * MiB)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("SOURCE=/elsewhere\nOPTIONS=allow_other,mode=static,batch=16M,window=64M\n", "SOURCE"),
+        ("SOURCE=/srv/nfs\nOPTIONS=mode=static,batch=16M,window=64M\n", "allow_other cannot"),
+        ("SOURCE=/srv/nfs\nOPTIONS=allow_other,mode=static,window=1M\n", "must be at least batch"),
+        ("SOURCE=/srv/nfs\nthis is not a setting\n", "line 2: expected KEY=value"),
+    ],
+)
+def test_a_reload_that_cannot_apply_whole_applies_nothing(text: str, says: str) -> None:
+    with pytest.raises(OptionError) as err:
+        apply_reload(RUNNING, text)
+    assert says in str(err.value)
+
+
+def test_the_settings_file_is_read_as_systemd_reads_it() -> None:
+    assert read_conf("# c\n\n; c\nA=1\nB='x y'\nC = \"z\"\n") == {"A": "1", "B": "x y", "C": "z"}
