@@ -283,7 +283,6 @@ def _float(text: str) -> float:
     return value
 
 
-
 def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in choices:
