@@ -341,6 +341,10 @@ size_t ft_engine_read_events(ft_engine* engine, ft_engine_event* out, size_t max
 }
 
 void ft_engine_set_window(ft_engine* engine, uint64_t window, double commit_rate) {
+  // A rate the window converts to whole bytes (a write-back piece) stays far inside them: not
+  // a number or below nothing is not known (0), past a petabyte a second is that.
+  constexpr double kRateMax = 1e15;
+  commit_rate = commit_rate > 0 ? std::min(commit_rate, kRateMax) : 0;
   engine->engine->window().set_window(window, commit_rate);
 }
 
