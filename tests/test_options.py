@@ -50,7 +50,7 @@ def test_bad_sizes_are_refused(bad: str) -> None:
         parse_size(bad)
 
 
-@given(st.integers(min_value=0, max_value=2**40), st.sampled_from(["", "K", "M", "G"]))
+@given(st.integers(min_value=0, max_value=2**20), st.sampled_from(["", "K", "M", "G"]))
 def test_size_roundtrip(n: int, unit: str) -> None:
     factor = {"": 1, "K": 1024, "M": MiB, "G": GiB}[unit]
     assert parse_size(f"{n}{unit}") == n * factor

@@ -25,7 +25,7 @@ from ..metering.meter import (
 )
 
 #: Must match FT_ENGINE_ABI of the library.
-ABI = 9
+ABI = 10
 LIBRARY = Path(__file__).with_name("libfusethrottle_engine.so")
 LIBRARY_ENV = "FUSETHROTTLE_ENGINE_LIBRARY"
 _ERROR_SIZE = 512
@@ -366,6 +366,55 @@ def libfuse_version() -> str:
         return "unknown"
 
 
+#: The structures handed across, by their FT_LAYOUT_* code: the library's layout of each is
+#: checked against ctypes' at load (a field of one side only would be read as another field).
+#: Of ft_engine_stats only the size: it is read, never written, and its fields are many.
+_LAYOUTS: dict[int, tuple[str, type[ctypes.Structure], bool]] = {
+    1: ("ft_engine_config", _Config, True),
+    2: ("ft_engine_meter", _Meter, True),
+    3: ("ft_engine_stats", _Stats, False),
+    4: ("ft_engine_event", _Event, True),
+    5: ("ft_engine_error", _Error, True),
+}
+
+
+def ctypes_layout(structure: type[ctypes.Structure], fields: bool = True) -> tuple[int, ...]:
+    """What ft_engine_layout says of a structure, as ctypes lays out *structure*: its size,
+    then each field's offset."""
+    offsets = [getattr(structure, name).offset for name, *_ in structure._fields_]
+    return (ctypes.sizeof(structure), *(offsets if fields else ()))
+
+
+def check_layouts(
+    lib: ctypes.CDLL, path: Path, layouts: dict[int, tuple[str, type[ctypes.Structure], bool]]
+) -> None:
+    """Refuse a library whose structures are laid out other than ctypes lays out ours (a field
+    added on one side only, or of another type): one EngineUnavailable line naming it."""
+    lib.ft_engine_layout.restype = ctypes.c_size_t
+    lib.ft_engine_layout.argtypes = (
+        ctypes.c_uint32,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_size_t,
+    )
+    for code, (name, structure, fields) in layouts.items():
+        want = ctypes_layout(structure, fields)
+        out = (ctypes.c_size_t * (len(want) + 1))()
+        n = int(lib.ft_engine_layout(code, out, len(out)))
+        have = tuple(int(v) for v in out[: min(n, len(out))])
+        if n != len(want):
+            raise EngineUnavailable(
+                f"the engine: {path} has struct {name} of {n - 1} field(s) where this control "
+                f"plane has {len(want) - 1}: rebuild it"
+            )
+        for i, (theirs, ours) in enumerate(zip(have, want, strict=True)):
+            if theirs != ours:
+                what = "its size" if i == 0 else f"field {structure._fields_[i - 1][0]}"
+                raise EngineUnavailable(
+                    f"the engine: {path} has {what} of struct {name} at {theirs}, this control "
+                    f"plane at {ours}: rebuild it"
+                )
+
+
 def load() -> ctypes.CDLL:
     path = library_path()
     if not path.exists():
@@ -381,6 +430,7 @@ def load() -> ctypes.CDLL:
         raise EngineUnavailable(
             f"the engine: {path} is of ABI {lib.ft_engine_abi()}, not {ABI}: rebuild it"
         )
+    check_layouts(lib, path, _LAYOUTS)
     lib.ft_engine_mount.restype = ctypes.c_void_p
     lib.ft_engine_mount.argtypes = (ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_size_t)
     lib.ft_engine_serve.restype = ctypes.c_int
@@ -441,9 +491,9 @@ class NativeEngine:
         """Mount; an OSError says why not."""
         lib = load()
         raw = _Config(
-            config.source.encode(),
-            config.mountpoint.encode(),
-            ",".join(config.fuse_options).encode(),
+            os.fsencode(config.source),
+            os.fsencode(config.mountpoint),
+            os.fsencode(",".join(config.fuse_options)),
             int(config.writeback_cache),
             0.0 if config.target_decides else config.attr_timeout,
             config.attr_timeout,
@@ -529,8 +579,7 @@ class NativeEngine:
                         SyncEvent(reason, raw.error, raw.node, raw.bytes, raw.seconds, raw.at)
                     )
                 elif raw.kind == EVENT_LOST:
-                    path = raw.path.decode(errors="replace")
-                    out.append(LostEvent(raw.node, raw.error, path))
+                    out.append(LostEvent(raw.node, raw.error, os.fsdecode(raw.path)))
             if n < _EVENTS_AT_ONCE:
                 return out
 
@@ -580,21 +629,31 @@ class NativeEngine:
 
     def unsynced(self) -> list[tuple[str, int]]:
         """The files that still owe the target data: (path on the target, the errno of their
-        failed sync or 0 if the target did not answer). Touches nothing of the target."""
+        failed sync or 0 if the target did not answer). Touches nothing of the target.
+
+        Records end at a NUL, the one byte no path holds: a name with a newline, a carriage
+        return or any other byte is read whole (as os.fsdecode names it), never split."""
         assert self._handle is not None
         size = 1 << 20
         buffer = ctypes.create_string_buffer(size)
         used = int(self._lib.ft_engine_unsynced(self._handle, buffer, size))
-        out = []
-        for line in buffer.raw[:used].decode(errors="replace").splitlines():
-            error, _, path = line.partition(" ")
-            out.append((path, int(error)))
-        return out
+        return parse_unsynced(buffer.raw[:used])
 
     def free(self) -> None:
         if self._handle is not None:
             self._lib.ft_engine_free(self._handle)
             self._handle = None
+
+
+def parse_unsynced(records: bytes) -> list[tuple[str, int]]:
+    """ft_engine_unsynced's records "ERRNO PATH\\0" as (path, errno); one not of that form is
+    skipped (the engine never writes one), never an exception on the stop's path."""
+    out = []
+    for record in records.split(b"\0"):
+        error, space, path = record.partition(b" ")
+        if space and error.isdigit():
+            out.append((os.fsdecode(path), int(error)))
+    return out
 
 
 def engine_price(profile: MeterProfile, cls: OpClass, nbytes: int) -> Charge:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..names import shown as shown_path
+
 
 def fmt_bytes(n: float | None) -> str:
     """Binary units, as the window and batch options are given; "-" for not known."""
@@ -80,7 +82,8 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
     m, c, r, fr = s["mount"], s["controller"], s["rates"], s["fsync_recent"]
     window = s["window_bytes"] or 1
     lines = [
-        f"fusethrottle on {m['mountpoint']} (source {m['source']}), pid {m['pid']}, "
+        f"fusethrottle on {shown_path(m['mountpoint'])} "
+        f"(source {shown_path(m['source'])}), pid {m['pid']}, "
         f"up {fmt_seconds(max(0.0, now - m['started']))}, mode {m['mode']}",
     ]
     used = 100.0 * s["unsynced_bytes"] / window

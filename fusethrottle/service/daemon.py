@@ -46,6 +46,7 @@ from ..loglimit import LogLimiter
 from ..metering import fleet
 from ..metering.meter import profile_for
 from ..metering.schedule import Schedule
+from ..names import shown
 from ..observability.metrics import Recorder, bind_endpoint, make_registry, serve_endpoint
 from ..observability.metrics.definitions import ADMISSION_BUCKETS
 from ..observability.metrics.diagnostics import run_diagnostics
@@ -156,7 +157,9 @@ def raise_fd_limit() -> None:
 def fuse_options(config: Config) -> set[str]:
     """The mount options the kernel is given (what ``findmnt`` shows for the mount)."""
     options = {
-        f"fsname={config.fsname or config.source}",
+        # libfuse splits options at commas and takes a backslash as an escape: a source's own
+        # are escaped, so a path with any byte names the mount whole.
+        "fsname=" + (config.fsname or config.source).replace("\\", "\\\\").replace(",", "\\,"),
         "subtype=fusethrottle",
     }
     if config.permissions == "kernel":
@@ -480,14 +483,14 @@ class Daemon:
         # their names all the same (once: those named above are not).
         for path, error in self._lost.values():
             if path not in named:
-                log.warning("incomplete on the target: %s (%s)", path, os.strerror(error))
+                log.warning("incomplete on the target: %s (%s)", shown(path), os.strerror(error))
 
     def _name_unsynced(self) -> set[str]:
         """Log every file whose data is not on the target, one line each: their paths."""
         unsynced = self.engine.unsynced()
         for path, error in unsynced:
             reason = os.strerror(error) if error else "the target did not answer"
-            log.error("not on the target: %s (%s)", path, reason)
+            log.error("not on the target: %s (%s)", shown(path), reason)
         return {path for path, _ in unsynced}
 
     # -- the controller ----------------------------------------------------------------------
@@ -588,7 +591,7 @@ class Daemon:
         self._lost[event.node] = (event.path, event.error)
         log.error(
             "the target failed to store data of %s: %s (the error went to its writer)",
-            event.path,
+            shown(event.path),
             os.strerror(event.error),
         )
 
@@ -616,8 +619,8 @@ class Daemon:
         log.info(
             "mounted %s on %s with the native engine (writeback cache %s, mode %s, window "
             "%d MiB, batch %d MiB)",
-            self.config.source,
-            mountpoint,
+            shown(self.config.source),
+            shown(mountpoint),
             "on" if stats.writeback_cache else "off",
             self.config.mode,
             self._total >> 20,

@@ -51,11 +51,13 @@ def _unescape(field: str) -> str:
 def parse(text: str) -> list[MountInfo]:
     """Every well-formed line of a mountinfo file, in the kernel's order (later on top)."""
     result = []
-    for line in text.splitlines():
+    # At newlines and spaces only: the kernel escapes those in a path, never a carriage
+    # return or another separator that splitlines() or split() would cut a path at.
+    for line in text.split("\n"):
         # Optional fields ("shared:1", ...) sit before the " - " separator, so split there.
         left, _, right = line.partition(" - ")
-        fields = left.split()
-        rest = right.split()
+        fields = left.split(" ")
+        rest = right.split(" ")
         if len(fields) < 5 or len(rest) < 2:
             continue
         result.append(
@@ -73,8 +75,9 @@ def parse(text: str) -> list[MountInfo]:
 def mounts(path: str = MOUNTINFO) -> list[MountInfo]:
     """The mount table. Paths are bytes to the kernel: one that is not UTF-8 (anyone's mount,
     anywhere on the host) is read as Python reads file names (surrogateescape), never a
-    UnicodeDecodeError out of status, the mount's checks or the unmount watcher."""
-    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+    UnicodeDecodeError out of status, the mount's checks or the unmount watcher; a carriage
+    return in a path is its own (newline="": no universal newlines)."""
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
         return parse(f.read())
 
 

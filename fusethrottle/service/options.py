@@ -24,6 +24,22 @@ class OptionError(ValueError):
     """A mount option the user got wrong; ``str(err)`` is the one-line explanation."""
 
 
+#: The largest size or rate an option takes (1024T): far above any window or target, well
+#: inside the engine's 64-bit counters and their products.
+MAX_SIZE = 1 << 50
+#: The longest duration (30 days): far above any wait, and its nanoseconds far inside the
+#: engine's clock (a longer one, max_age=9999999h, overflowed it).
+MAX_DURATION = 30 * 24 * 3600.0
+#: The most of a count: request threads, and the op units of one request.
+MAX_COUNT = 4096
+MAX_UNITS = 1_000_000
+
+
+def _cut(text: str) -> str:
+    """*text* quoted for an error line, cut short if long (a number of 400 digits)."""
+    return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
+
+
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*$")
 _SIZE_UNITS = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1024 * GiB}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|)\s*$")
@@ -35,7 +51,10 @@ def parse_size(text: str) -> int:
     m = _SIZE_RE.match(text)
     if not m:
         raise OptionError(f"not a size: {text!r} (examples: 4096, 64M, 1G)")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    value = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    if not value <= MAX_SIZE:  # inf too: a number of 400 digits
+        raise OptionError(f"too large: {_cut(text)} (at most 1024T)")
+    return int(value)
 
 
 def parse_duration(text: str) -> float:
@@ -43,7 +62,10 @@ def parse_duration(text: str) -> float:
     m = _DURATION_RE.match(text)
     if not m:
         raise OptionError(f"not a duration: {text!r} (examples: 500ms, 30s, 2m)")
-    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    value = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    if not value <= MAX_DURATION:
+        raise OptionError(f"too long: {_cut(text)} (at most 30 days, 720h)")
+    return value
 
 
 def parse_rate(text: str) -> float:
@@ -116,7 +138,7 @@ def _fleet_fallback(text: str) -> float:
 
 def _positive_float(text: str) -> float:
     value = _float(text)
-    if not value > 0 or value == float("inf"):
+    if not value > 0:
         raise OptionError(f"must be a positive number: {text!r}")
     return value
 
@@ -234,31 +256,42 @@ _IGNORED_FLAGS = frozenset(
 _IGNORED_PREFIXES = ("x-", "comment=", "_netdev", "nofail")
 
 
-def _positive_int(text: str) -> int:
+def _whole(text: str, most: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise OptionError(f"not a whole number: {text!r}") from None
+    if value > most:
+        raise OptionError(f"too large: {_cut(text)} (at most {most})")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _whole(text, MAX_COUNT)
     if value <= 0:
         raise OptionError(f"must be positive: {text!r}")
     return value
 
 
 def _positive_or_zero(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise OptionError(f"not a whole number: {text!r}") from None
+    value = _whole(text, MAX_UNITS)
     if value < 0:
         raise OptionError(f"must not be negative: {text!r}")
     return value
 
 
+#: A plain number's magnitude at most: a factor, a weight, a tolerance.
+_MAX_NUMBER = 1e6
+
+
 def _float(text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise OptionError(f"not a number: {text!r}") from None
+    if not abs(value) <= _MAX_NUMBER:  # nan and inf too: every comparison after would pass
+        raise OptionError(f"not a number between -1e6 and 1e6: {_cut(text)}")
+    return value
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:

@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
+#include <cstdio>
+#include <exception>
 #include <iterator>
 #include <cstring>
 #include <memory>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "caller.h"
+#include "deadline.h"
 #include "fusethrottle_engine.h"
 #include "thread_name.h"
 
@@ -126,18 +130,38 @@ struct ft_engine {
   std::unique_ptr<ft::Engine> engine;
 };
 
-extern "C" {
+namespace {
 
-int ft_engine_abi(void) { return FT_ENGINE_ABI; }
+// What a layout lists: a structure's size, then each field's offset.
+#define FT_FIELD(type, field) offsetof(type, field)
+template <size_t N>
+size_t copy_layout(const size_t (&layout)[N], size_t* out, size_t max) {
+  for (size_t i = 0; i < N && i < max && out != nullptr; i++) out[i] = layout[i];
+  return N;
+}
 
-ft_engine* ft_engine_mount(const ft_engine_config* config, char* error, size_t error_size) {
+// A duration from the control plane as the engine may use it: from none to a century (past
+// that, infinite or NaN: a century), so no conversion to the clock's nanoseconds overflows.
+double sane_seconds(double seconds) {
+  if (!(seconds < ft::kFarSeconds)) return ft::kFarSeconds;
+  return seconds > 0 ? seconds : 0;
+}
+
+// Threads the engine starts at once at most, whatever it is asked for.
+constexpr unsigned kSyncThreadsMax = 64;
+
+ft_engine* mount_engine(const ft_engine_config* config, std::string& why) {
+  if (config == nullptr || config->source == nullptr || config->mountpoint == nullptr) {
+    why = "no source or mountpoint given";
+    return nullptr;
+  }
   ft::Options options;
   options.source = config->source;
   options.mountpoint = config->mountpoint;
   options.fuse_options = config->fuse_options != nullptr ? config->fuse_options : "";
   options.writeback_cache = config->writeback_cache != 0;
-  options.entry_timeout = config->entry_timeout;
-  options.attr_timeout = config->attr_timeout;
+  options.entry_timeout = sane_seconds(config->entry_timeout);
+  options.attr_timeout = sane_seconds(config->attr_timeout);
   options.max_threads = config->max_threads > 0 ? config->max_threads : 16;
   options.switch_credentials = config->switch_credentials != 0;
   options.xattrs = config->xattrs != 0;
@@ -148,13 +172,13 @@ ft_engine* ft_engine_mount(const ft_engine_config* config, char* error, size_t e
   options.window.inject = config->inject != 0;
   options.window.window = config->window;
   options.window.batch = config->batch;
-  options.window.max_age = config->max_age;
-  options.window.admission_timeout = config->admission_timeout;
+  options.window.max_age = sane_seconds(config->max_age);
+  options.window.admission_timeout = sane_seconds(config->admission_timeout);
   options.window.pieces = config->writeback_pieces != 0;
   options.window.drop_synced = config->drop_synced != 0;
-  options.sync_threads = config->sync_threads > 0 ? config->sync_threads : 4;
+  options.sync_threads = config->sync_threads > 0 ? std::min(config->sync_threads, kSyncThreadsMax) : 4;
   for (double bound : config->admission_bounds) {
-    if (bound > 0) options.window.wait_bounds.push_back(bound);
+    if (bound > 0 && bound < ft::kFarSeconds) options.window.wait_bounds.push_back(bound);
   }
   const ft_engine_meter& m = config->meter;
   options.meter = ft::MeterProfile{m.data_min, m.meta_min, m.granule, m.read_factor, m.read_units, m.write_units};
@@ -165,14 +189,85 @@ ft_engine* ft_engine_mount(const ft_engine_config* config, char* error, size_t e
   options.fleet = m.fleet != 0;
   auto handle = std::make_unique<ft_engine>();
   handle->engine = std::make_unique<ft::Engine>(std::move(options));
-  std::string why;
-  if (handle->engine->mount(why) != 0) {
-    if (error != nullptr && error_size > 0) {
-      std::snprintf(error, error_size, "%s", why.c_str());
-    }
-    return nullptr;
-  }
+  if (handle->engine->mount(why) != 0) return nullptr;
   return handle.release();  // the control plane owns it until ft_engine_free
+}
+
+}  // namespace
+
+extern "C" {
+
+int ft_engine_abi(void) { return FT_ENGINE_ABI; }
+
+size_t ft_engine_layout(uint32_t which, size_t* out, size_t max) {
+  switch (which) {
+    case FT_LAYOUT_CONFIG: {
+      const size_t layout[] = {
+          sizeof(ft_engine_config), FT_FIELD(ft_engine_config, source),
+          FT_FIELD(ft_engine_config, mountpoint), FT_FIELD(ft_engine_config, fuse_options),
+          FT_FIELD(ft_engine_config, writeback_cache), FT_FIELD(ft_engine_config, entry_timeout),
+          FT_FIELD(ft_engine_config, attr_timeout), FT_FIELD(ft_engine_config, max_threads),
+          FT_FIELD(ft_engine_config, switch_credentials), FT_FIELD(ft_engine_config, xattrs),
+          FT_FIELD(ft_engine_config, enforce), FT_FIELD(ft_engine_config, inject),
+          FT_FIELD(ft_engine_config, window), FT_FIELD(ft_engine_config, batch),
+          FT_FIELD(ft_engine_config, max_age), FT_FIELD(ft_engine_config, admission_timeout),
+          FT_FIELD(ft_engine_config, writeback_pieces), FT_FIELD(ft_engine_config, drop_synced),
+          FT_FIELD(ft_engine_config, sync_threads), FT_FIELD(ft_engine_config, killpriv_v2),
+          FT_FIELD(ft_engine_config, target_decides), FT_FIELD(ft_engine_config, meter),
+          FT_FIELD(ft_engine_config, admission_bounds), FT_FIELD(ft_engine_config, uncached)};
+      return copy_layout(layout, out, max);
+    }
+    case FT_LAYOUT_METER: {
+      const size_t layout[] = {
+          sizeof(ft_engine_meter), FT_FIELD(ft_engine_meter, data_min),
+          FT_FIELD(ft_engine_meter, meta_min), FT_FIELD(ft_engine_meter, granule),
+          FT_FIELD(ft_engine_meter, read_factor), FT_FIELD(ft_engine_meter, read_units),
+          FT_FIELD(ft_engine_meter, write_units), FT_FIELD(ft_engine_meter, classes),
+          FT_FIELD(ft_engine_meter, metered_limit), FT_FIELD(ft_engine_meter, ops_limit),
+          FT_FIELD(ft_engine_meter, throttle_reads), FT_FIELD(ft_engine_meter, fleet)};
+      return copy_layout(layout, out, max);
+    }
+    case FT_LAYOUT_STATS: {
+      // Its size only: its fields are many, and read, never written, by the control plane.
+      const size_t layout[] = {sizeof(ft_engine_stats)};
+      return copy_layout(layout, out, max);
+    }
+    case FT_LAYOUT_EVENT: {
+      const size_t layout[] = {
+          sizeof(ft_engine_event), FT_FIELD(ft_engine_event, kind), FT_FIELD(ft_engine_event, reason),
+          FT_FIELD(ft_engine_event, error), FT_FIELD(ft_engine_event, unused),
+          FT_FIELD(ft_engine_event, node), FT_FIELD(ft_engine_event, bytes),
+          FT_FIELD(ft_engine_event, seconds), FT_FIELD(ft_engine_event, at),
+          FT_FIELD(ft_engine_event, path)};
+      return copy_layout(layout, out, max);
+    }
+    case FT_LAYOUT_ERROR: {
+      const size_t layout[] = {sizeof(ft_engine_error), FT_FIELD(ft_engine_error, op),
+                               FT_FIELD(ft_engine_error, error), FT_FIELD(ft_engine_error, count)};
+      return copy_layout(layout, out, max);
+    }
+    default:
+      return 0;
+  }
+}
+#undef FT_FIELD
+
+ft_engine* ft_engine_mount(const ft_engine_config* config, char* error, size_t error_size) {
+  // Nothing may leave through the C boundary: an exception (a thread that could not start,
+  // memory) is a failed mount with its reason, as any other.
+  std::string why;
+  ft_engine* engine = nullptr;
+  try {
+    engine = mount_engine(config, why);
+  } catch (const std::exception& e) {
+    why = std::string("the engine could not start: ") + e.what();
+  } catch (...) {
+    why = "the engine could not start";
+  }
+  if (engine == nullptr && error != nullptr && error_size > 0) {
+    std::snprintf(error, error_size, "%s", why.empty() ? "the engine did not mount" : why.c_str());
+  }
+  return engine;
 }
 
 int ft_engine_serve(ft_engine* engine) { return engine->engine->serve(); }
@@ -234,7 +329,7 @@ void ft_engine_price(const ft_engine_meter* meter, uint32_t cls, uint64_t nbytes
                      uint32_t* units) {
   ft::MeterProfile p{meter->data_min, meter->meta_min, meter->granule, meter->read_factor,
                      meter->read_units, meter->write_units};
-  ft::Charge charge = ft::price(p, static_cast<ft::OpClass>(cls & FT_METER_CLASS_MASK), nbytes);
+  ft::Charge charge = ft::price(p, ft::op_class_of(cls), nbytes);
   *metered = charge.metered;
   *units = charge.units;
 }
@@ -246,6 +341,10 @@ size_t ft_engine_read_events(ft_engine* engine, ft_engine_event* out, size_t max
 }
 
 void ft_engine_set_window(ft_engine* engine, uint64_t window, double commit_rate) {
+  // A rate the window converts to whole bytes (a write-back piece) stays far inside them: not
+  // a number or below nothing is not known (0), past a petabyte a second is that.
+  constexpr double kRateMax = 1e15;
+  commit_rate = commit_rate > 0 ? std::min(commit_rate, kRateMax) : 0;
   engine->engine->window().set_window(window, commit_rate);
 }
 
@@ -272,12 +371,13 @@ size_t ft_engine_unsynced(ft_engine* engine, char* out, size_t size) {
   for (auto& [inode, error] : engine->engine->window().owing()) {
     std::string path = ft::proc_path(inode->fd());
     char target[4096];
-    ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
-    std::string line = std::to_string(error) + " " +
-                       (n > 0 ? std::string(target, static_cast<size_t>(n)) : path) + "\n";
-    if (used + line.size() > size) break;
-    std::memcpy(out + used, line.data(), line.size());
-    used += line.size();
+    ssize_t n = ::readlink(path.c_str(), target, sizeof target);
+    // A record ends at its NUL, the one byte no path holds (a newline is a name's own).
+    std::string record = std::to_string(error) + " " +
+                         (n > 0 ? std::string(target, static_cast<size_t>(n)) : path) + '\0';
+    if (used + record.size() > size) break;
+    std::memcpy(out + used, record.data(), record.size());
+    used += record.size();
   }
   return used;
 }

@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <string>
@@ -17,11 +18,22 @@ int EventRing::open() {
 void EventRing::push(const ft_engine_event& event) {
   {
     std::lock_guard<std::mutex> guard(lock_);
-    if (queue_.size() >= kCapacity) {
-      queue_.pop_front();
+    if (event.kind == FT_EVENT_LOST) {
+      // One notice of a file is enough while it waits: a target that fails every write of
+      // a file would otherwise fill the queue with it.
+      for (const auto& queued : queue_) {
+        if (queued.kind == FT_EVENT_LOST && queued.node == event.node) return;
+      }
+    } else if (samples_ >= kCapacity) {
+      // The oldest sample makes room; a notice of lost data never does (it is not dropped).
+      auto oldest = std::find_if(queue_.begin(), queue_.end(),
+                                 [](const ft_engine_event& e) { return e.kind != FT_EVENT_LOST; });
+      queue_.erase(oldest);
+      samples_--;
       dropped_++;
     }
     queue_.push_back(event);
+    if (event.kind != FT_EVENT_LOST) samples_++;
   }
   poke();
 }
@@ -36,6 +48,7 @@ size_t EventRing::drain(ft_engine_event* out, size_t max) {
   size_t n = 0;
   while (n < max && !queue_.empty()) {
     out[n++] = queue_.front();
+    if (queue_.front().kind != FT_EVENT_LOST) samples_--;
     queue_.pop_front();
   }
   return n;

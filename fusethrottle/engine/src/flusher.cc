@@ -64,8 +64,9 @@ int write_back_range(int fd, int64_t off, int64_t len, unsigned flags) {
 }
 
 int sync_job(SyncJob& job) {
-  // A file with no name left needs no sync: nothing can read it after.
-  if (no_name_left(job.inode->fd())) return 0;
+  // A file with no name left needs no sync: nothing can read it after. Not a sync either: its
+  // bytes are let go, never counted as synced nor timed as the target's commit rate.
+  if (no_name_left(job.inode->fd())) return Window::kNotSynced;
   Fd fd = std::move(job.held);
   if (!fd) {
     int error = 0;
@@ -165,9 +166,13 @@ void Flusher::run(std::vector<SyncJob>& jobs) {
       window_.dropped(job);
       continue;
     }
-    ran++;
     int error = sync_job(job);
     in_flight_--;
+    if (error == Window::kNotSynced) {  // nothing reached the target: no sample of it
+      window_.dropped(job);
+      continue;
+    }
+    if (ran++ == 0) event.node = reinterpret_cast<uint64_t>(job.inode.get());
     fsyncs_++;
     // The mount's own copy too (drop_synced), of a file synced on its own: a group of small
     // released files is not (that would be one notification to the kernel per small file).

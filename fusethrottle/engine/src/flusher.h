@@ -58,7 +58,8 @@ class Flusher {
 };
 
 // fsync what *job* covers, as the file's writer: its written range in pieces first, dropped
-// from the target's page cache after. 0 or the errno.
+// from the target's page cache after. 0 or the errno; Window::kNotSynced where nothing was
+// synced (the file has no name left): not a sample of the target's commit rate.
 int sync_job(SyncJob& job);
 
 // sync_file_range(*fd*, *off*, *len*, *flags*): 0, or its errno (EIO where it gave none). A

@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a structure or call below changes: Python refuses a library of another. */
-#define FT_ENGINE_ABI 9
+#define FT_ENGINE_ABI 10
 
 /* The requests the engine serves, in the order of ft_engine_stats.operations (native.py
  * names them as the FUSE operations they are). */
@@ -164,7 +164,19 @@ struct ft_engine_event {
 struct ft_engine;
 
 int ft_engine_abi(void);
-/* Open the source and mount: NULL on failure, *error* (of *error_size*) then says why. */
+/* The layout of a structure above as this library was built, for the control plane to check
+ * its own against at load: out[0] its size, then the offset of each of its fields in order (an
+ * array or a nested structure is one field). Up to *max* values into *out*; how many there are
+ * (0: no such structure). */
+#define FT_LAYOUT_CONFIG 1 /* struct ft_engine_config */
+#define FT_LAYOUT_METER 2  /* struct ft_engine_meter */
+#define FT_LAYOUT_STATS 3  /* struct ft_engine_stats */
+#define FT_LAYOUT_EVENT 4  /* struct ft_engine_event */
+#define FT_LAYOUT_ERROR 5  /* struct ft_engine_error */
+size_t ft_engine_layout(uint32_t which, size_t *out, size_t max);
+/* Open the source and mount: NULL on failure, *error* (of *error_size*) then says why. A
+ * duration past a century, infinite or not a number is taken as a century; a negative one as
+ * none. */
 struct ft_engine *ft_engine_mount(const struct ft_engine_config *config, char *error,
                                   size_t error_size);
 /* Serve requests on this thread (and the engine's own) until unmounted or stopped:
@@ -201,9 +213,10 @@ void ft_engine_set_ceilings(struct ft_engine *engine, double metered_limit, doub
  * config) from now on. */
 void ft_engine_set_params(struct ft_engine *engine, uint64_t batch, double max_age, int enforce,
                           int inject);
-/* The files that still owe the target data, as lines "ERRNO PATH\n" (ERRNO 0: the target did
- * not answer; PATH: where the file is on the target), into *out* of *size* (cut at a whole
- * line): the bytes written. Touches no file of the target: safe while it hangs. */
+/* The files that still owe the target data, as records "ERRNO PATH\0" (ERRNO 0: the target did
+ * not answer; PATH: where the file is on the target, any bytes but NUL: a newline in a name is
+ * part of it), into *out* of *size* (cut at a whole record): the bytes written. Touches no file
+ * of the target: safe while it hangs. */
 size_t ft_engine_unsynced(struct ft_engine *engine, char *out, size_t size);
 /* The error answers so far, by kind and errno: up to *max* into *out*, how many. */
 size_t ft_engine_read_errors(struct ft_engine *engine, struct ft_engine_error *out, size_t max);

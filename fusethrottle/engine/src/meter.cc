@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 namespace ft {
 
@@ -12,8 +13,12 @@ Charge price(const MeterProfile& p, OpClass cls, uint64_t nbytes) {
   uint64_t granule = std::max<uint64_t>(p.granule, 1);
   uint64_t metered = (size + granule - 1) / granule * granule;
   if (cls == OpClass::kDataRead || cls == OpClass::kMetaRead) {
-    // As Python's math.ceil(metered * read_factor): the same double product, rounded up.
-    return {static_cast<uint64_t>(std::ceil(static_cast<double>(metered) * p.read_factor)), p.read_units};
+    // As Python's math.ceil(metered * read_factor): the same double product, rounded up (a
+    // factor that is not a number, or negative, charges nothing; one past 2^64, 2^64 - 1).
+    double read = std::ceil(static_cast<double>(metered) * p.read_factor);
+    constexpr double kMax = 18446744073709551616.0;  // 2^64
+    uint64_t charged = !(read > 0) ? 0 : read >= kMax ? UINT64_MAX : static_cast<uint64_t>(read);
+    return {charged, p.read_units};
   }
   return {metered, p.write_units};
 }

@@ -19,6 +19,13 @@ namespace ft {
 enum class OpClass : uint8_t { kNone = 0, kDataRead = 1, kDataWrite = 2, kMetaRead = 3, kMetaWrite = 4 };
 constexpr int kClasses = 5;
 
+// The class a FT_METER_* code names (its flag bits aside): kNone for any code of no class, so
+// a bad table from the control plane never indexes past the totals.
+constexpr OpClass op_class_of(unsigned code) {
+  unsigned cls = code & FT_METER_CLASS_MASK;
+  return cls < kClasses ? static_cast<OpClass>(cls) : OpClass::kNone;
+}
+
 struct MeterProfile {
   uint64_t data_min = 32 * 1024;
   uint64_t meta_min = 4 * 1024;
@@ -41,7 +48,7 @@ class Meter {
   // *classes*: each request kind's class (FT_METER_* with its flag bits).
   Meter(const MeterProfile& profile, const uint8_t (&classes)[FT_OP_COUNT]);
 
-  OpClass class_of(ft_engine_op op) const { return static_cast<OpClass>(classes_[op] & FT_METER_CLASS_MASK); }
+  OpClass class_of(ft_engine_op op) const { return op_class_of(classes_[op]); }
   // The request waits at the ceilings (reads and metadata only with throttle_reads).
   bool may_wait(ft_engine_op op) const { return (classes_[op] & FT_METER_NO_WAIT) == 0; }
   const MeterProfile& profile() const { return profile_; }

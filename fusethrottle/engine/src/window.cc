@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "deadline.h"
 #include "inode.h"
 
 namespace ft {
@@ -17,10 +18,7 @@ constexpr uint64_t kPieceMin = 128ull << 10;
 constexpr uint64_t kPieceUnknownRate = 1ull << 20;
 constexpr double kPieceSeconds = 0.1;
 
-std::chrono::steady_clock::time_point at(double seconds) {
-  return std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(seconds)));
-}
+std::chrono::steady_clock::time_point at(double seconds) { return steady_at(seconds); }
 }  // namespace
 
 double now_seconds() {
