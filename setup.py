@@ -71,9 +71,14 @@ class BuildEngine(build_ext):
             raise SystemExit(problem)
         target = Path(self.get_ext_fullpath(ext.name)).resolve()
         target.parent.mkdir(parents=True, exist_ok=True)
-        command = ["make", "-s", "-C", str(ENGINE), f"LIB={target}"]
+        # An editable install leaves the library in the tree, where make keeps it current
+        # (scripts/install): build it there, a no-op when it is current, and hand over a copy.
+        built = ENGINE / f"{LIBRARY}.so" if self.editable_mode else target
+        command = ["make", "-s", "-C", str(ENGINE), f"LIB={built}"]
         if subprocess.run(command).returncode:
             raise SystemExit(f"fusethrottle: the engine does not compile ({shlex.join(command)})")
+        if built != target:
+            shutil.copy2(built, target)
 
 
 class PlatformWheel(bdist_wheel):
