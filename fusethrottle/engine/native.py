@@ -26,6 +26,7 @@ from ..metering.meter import (
 
 #: Must match FT_ENGINE_ABI of the library.
 ABI = 10
+#: Beside this file: make puts it there in a checkout, setup.py in an installed package.
 LIBRARY = Path(__file__).with_name("libfusethrottle_engine.so")
 LIBRARY_ENV = "FUSETHROTTLE_ENGINE_LIBRARY"
 _ERROR_SIZE = 512
@@ -415,12 +416,20 @@ def check_layouts(
                 )
 
 
+def _how_to_build() -> str:
+    """A checkout builds the engine with make; an installed package has no sources for it."""
+    if (LIBRARY.parent / "Makefile").exists():
+        return f"run scripts/install, or make -C {LIBRARY.parent}"
+    return (
+        "reinstall fusethrottle with libfuse3-dev, pkg-config, g++ and make installed: "
+        "pip builds it then"
+    )
+
+
 def load() -> ctypes.CDLL:
     path = library_path()
     if not path.exists():
-        raise EngineUnavailable(
-            f"the engine: {path} is not built (run scripts/install, or make -C {LIBRARY.parent})"
-        )
+        raise EngineUnavailable(f"the engine: {path} is not built ({_how_to_build()})")
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as err:
