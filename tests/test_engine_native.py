@@ -241,12 +241,15 @@ def test_a_tree_removed_through_the_mount_leaves_nothing_held_and_a_clean_stop(
 
 
 @pytest.mark.mount
-def test_a_missing_engine_is_one_clear_line(workdir: Path) -> None:
+@pytest.mark.parametrize("foreground", [True, False], ids=["foreground", "background"])
+def test_a_missing_engine_is_one_clear_line(workdir: Path, foreground: bool) -> None:
+    """In the background too: the reason, not "the mount process exited" (the child's log
+    goes to syslog there, where nobody who ran the command looks)."""
     (workdir / "src").mkdir()
     (workdir / "mnt").mkdir()
     env = {**os.environ, LIBRARY_ENV: str(workdir / "nowhere.so")}
     result = subprocess.run(
-        [FUSETHROTTLE, str(workdir / "src"), str(workdir / "mnt"), "-f"],
+        [FUSETHROTTLE, str(workdir / "src"), str(workdir / "mnt"), *(["-f"] if foreground else [])],
         capture_output=True,
         text=True,
         env=env,

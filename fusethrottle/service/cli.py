@@ -180,8 +180,13 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def run_mount(config: Config) -> int:
+    from ..engine.native import EngineUnavailable, load
     from .daemon import configure_logging, serve
 
+    try:  # here, not in the child: its log goes to syslog, not to whoever ran the command
+        load()
+    except EngineUnavailable as err:
+        return _fail(str(err))
     if config.foreground:
         configure_logging(config.log_level, foreground=True, log_format=config.log_format)
         return serve(config)
