@@ -158,7 +158,7 @@ PRESETS: dict[str, Preset] = {
             "backup share one 384 MiB memory cgroup, as in a container; the backup writes for "
             "40 s onto a loop target at 20 MiB/s that drops to 0.5 MiB/s for 20 s (a server "
             "under load), once directly and once through fusethrottle (its defaults); about "
-            "two and a half minutes"
+            "two minutes"
         ),
         targets=("loop",),
         schedule={
