@@ -55,6 +55,8 @@ class Preset:
     ft_options: str = "batch=64M,window=256M"
     # Scrape the daemon's metrics endpoint (it costs the daemon CPU: off where CPU is compared).
     metrics: bool = True
+    # The db neighbour's data file as a share of the cgroup (over 1: it reads from disk).
+    victim_working_set: float = 0.5
 
 
 PRESETS: dict[str, Preset] = {
@@ -152,19 +154,31 @@ PRESETS: dict[str, Preset] = {
     ),
     "demo": Preset(
         about=(
-            "the quick start: a backup written onto a 20 MiB/s loop target once directly and once "
-            "through fusethrottle (its defaults), with a 4 KiB write+fdatasync neighbour in the "
-            "same 384 MiB memory cgroup; about two minutes"
+            "the quick start: a database (the db neighbour, its data 1.5 times its memory) and a "
+            "backup share one 384 MiB memory cgroup, as in a container; the backup writes for "
+            "40 s onto a loop target at 20 MiB/s that drops to 0.5 MiB/s for 20 s (a server "
+            "under load), once directly and once through fusethrottle (its defaults); about "
+            "two minutes"
         ),
         targets=("loop",),
-        schedule={"full": "20M", "quick": "20M", "smoke": "64M"},
-        workloads={"full": "seq:480M", "quick": "seq:480M", "smoke": "seq:24M"},
-        arms={"full": "direct,ft-adaptive", "quick": "direct,ft-adaptive", "smoke": "direct"},
+        schedule={
+            "full": "20M:10s,512K:20s,20M:10s",
+            "quick": "20M:10s,512K:20s,20M:10s",
+            "smoke": "64M:1s,8M:1s,64M:1s",
+        },
+        workloads={"full": "seq:64G", "quick": "seq:64G", "smoke": "seq:64G"},
+        arms={
+            "full": "direct,ft-adaptive",
+            "quick": "direct,ft-adaptive",
+            "smoke": "direct,ft-adaptive",
+        },
         repeats={"full": 1, "quick": 1, "smoke": 1},
-        victim="fdatasync",
+        victim="db",
         cgroup_mem={"full": 384 * MiB, "quick": 384 * MiB, "smoke": 128 * MiB},
         idle={"full": 5.0, "quick": 5.0, "smoke": 1.0},
+        duration_from_schedule=True,
         ft_options="",
+        victim_working_set=1.5,
     ),
     "passthrough": Preset(
         about=(
@@ -263,7 +277,9 @@ def build_plan(
         victim_interval=victim_interval
         if victim_interval is not None
         else (0.02 if smoke else 0.01),
-        victim_working_set=0.5 if victim_working_set is None else victim_working_set,
+        victim_working_set=p.victim_working_set
+        if victim_working_set is None
+        else victim_working_set,
         cgroup_mem=p.cgroup_mem[scale] if cgroup_mem is None else cgroup_mem,
         daemon_in_cgroup=True if daemon_in_cgroup is None else daemon_in_cgroup,
         idle_seconds=p.idle[scale] if idle is None else idle,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO
 
 from fusethrottle.service.mountinfo import mounts
+from fusethrottle.service.mountinfo import parse as parse_mountinfo
 
 log = logging.getLogger(__name__)
 
@@ -493,11 +494,14 @@ def _act_zram_remove(number: str) -> None:
 
 
 def _act_rmtree(path: str) -> None:
-    """Remove a work directory, but never recurse through a mount left inside it."""
+    """Remove a work directory, but never recurse through a mount left inside it. The mount
+    table goes through the parser that skips what it cannot read: a source name with a
+    character splitlines() splits at (the kernel escapes only space, tab, newline, backslash)
+    cut a line short, and the directory stayed behind."""
     inside = [
-        line.split()[4]
-        for line in read_text("/proc/self/mountinfo").splitlines()
-        if line.split()[4].startswith(path.rstrip("/") + "/")
+        m.mountpoint
+        for m in parse_mountinfo(read_text("/proc/self/mountinfo"))
+        if m.mountpoint.startswith(path.rstrip("/") + "/")
     ]
     for mp in sorted(inside, reverse=True):
         log.warning("%s is still mounted inside %s; detaching it", mp, path)
