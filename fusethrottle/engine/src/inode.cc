@@ -45,7 +45,7 @@ bool legal(Place from, Place to) {
 }
 
 void InodeTable::move(Inode& inode, Place to) {
-  Place from = inode.place_;
+  Place from = inode.place_.load(std::memory_order_relaxed);
   if (!legal(from, to)) {
     illegal_moves_.fetch_add(1, std::memory_order_relaxed);
     std::fprintf(stderr, "fusethrottle engine: illegal move of node %p: %s -> %s\n",
@@ -54,7 +54,7 @@ void InodeTable::move(Inode& inode, Place to) {
     std::abort();
 #endif
   }
-  inode.place_ = to;
+  inode.place_.store(to, std::memory_order_release);
 }
 
 namespace {
@@ -114,7 +114,7 @@ fuse_ino_t InodeTable::remember(Fd path, const struct stat& st, std::string hand
     slot->born_ = ++born_;
     past = known_.size() > high_;
   }
-  if (slot->place_ != Place::kKnown) move(*slot, Place::kKnown);  // new, or owing and found again
+  if (slot->place() != Place::kKnown) move(*slot, Place::kKnown);  // new, or owing and found again
   slot->lookups_++;
   auto node = reinterpret_cast<fuse_ino_t>(slot.get());
   guard.unlock();
@@ -179,10 +179,10 @@ std::shared_ptr<Inode> InodeTable::forget(
   }
   auto it = known_.find(inode->key());
   if (it == known_.end() || it->second.get() != inode) return nullptr;
-  if (owed(it->second)) {  // known, with no lookup, until settled()
-    move(*inode, Place::kOwing);
-    return nullptr;
-  }
+  // Owing before the window is asked (it syncs a forgotten file at once, see Inode::forgotten);
+  // known with no lookup until settled(), or gone now if it owes nothing.
+  move(*inode, Place::kOwing);
+  if (owed(it->second)) return nullptr;
   std::shared_ptr<Inode> gone = std::move(it->second);
   known_.erase(it);
   move(*gone, Place::kGone);

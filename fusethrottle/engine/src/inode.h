@@ -128,8 +128,17 @@ class Inode : public std::enable_shared_from_this<Inode> {
   }
   uint64_t writer() const { return writer_.load(std::memory_order_relaxed); }
 
-  // Where it stands in the table (see Place): read under the table's lock, or by tests.
-  Place place() const { return place_; }
+  // Where it stands in the table (see Place): moved under the table's lock, read anywhere.
+  Place place() const { return place_.load(std::memory_order_acquire); }
+  // The kernel holds no lookup of it (owing, or out of the table): only the window can still
+  // sync it. The table's place is the one record of it: a lookup that finds the file again
+  // makes it the kernel's again for the window too. The window reads it under its own lock;
+  // a forget moves the file before it asks the window (InodeTable::forget), so the flusher
+  // the window wakes sees the move.
+  bool forgotten() const {
+    Place now = place();
+    return now == Place::kOwing || now == Place::kGone;
+  }
 
   FileLedger ledger;  // its un-synced data: guarded by the window's lock
   KernelView view;    // what the kernel was shown of it (regular files, writeback cache)
@@ -141,7 +150,7 @@ class Inode : public std::enable_shared_from_this<Inode> {
   mode_t type_;
   std::string handle_;
   uint64_t lookups_ = 0;  // guarded by the table's lock
-  Place place_ = Place::kNew;  // guarded by the table's lock
+  std::atomic<Place> place_{Place::kNew};  // written under the table's lock
   // The name the kernel last learned it by (for relief.h), its age and when the kernel was
   // last asked to drop it: guarded by the table's lock.
   fuse_ino_t parent_ = 0;
