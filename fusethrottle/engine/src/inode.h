@@ -83,13 +83,17 @@ class Inode : public std::enable_shared_from_this<Inode> {
     } while (!use_.compare_exchange_weak(now, now + 1, std::memory_order_acq_rel));
     return true;
   }
-  void leave() { use_.fetch_sub(1, std::memory_order_acq_rel); }
+  void leave() {
+    if (use_.fetch_sub(1, std::memory_order_acq_rel) == kLetGo + 1) last_out();
+  }
   // A removal lets go of it: no call enters from now on (false: another removal did first),
   // and those under way are waited for, at most *bound* (false: one still is, and calls are
   // let in again). A call under way is one system call on the target (a stat, an attribute,
   // an xattr), often one the kernel sent by itself (the writeback cache's mtime after a
   // close): a removal that went ahead meanwhile left the file allocated until it ended, and
-  // on NFS renamed it to .nfsXXXX.
+  // on NFS renamed it to .nfsXXXX. The wait sleeps until the last call leaves (it wakes the
+  // removal), not in polls: a timed condition variable, since std::atomic::wait has no bound
+  // and a call on a hung target may never end.
   bool shut();
   bool drained(std::chrono::milliseconds bound);
   void reopen() { use_.fetch_and(~kLetGo, std::memory_order_acq_rel); }
@@ -161,6 +165,7 @@ class Inode : public std::enable_shared_from_this<Inode> {
   std::atomic<uint64_t> writer_{0};
   std::atomic<int64_t> kernel_mtime_{-1};
   static constexpr uint32_t kLetGo = 1u << 31;
+  void last_out();  // the last call under way left a file being let go of
   std::atomic<uint32_t> use_{0};  // calls under way through the descriptor, and kLetGo
   struct stat removed_ {};
 };
