@@ -144,7 +144,7 @@ class Inode : public std::enable_shared_from_this<Inode> {
     return now == Place::kOwing || now == Place::kGone;
   }
 
-  FileLedger ledger;  // its un-synced data: guarded by the window's lock
+  FileLedger ledger;  // its un-synced data: guarded by the window's lock (Window::lock_)
   KernelView view;    // what the kernel was shown of it (regular files, writeback cache)
 
  private:
@@ -257,6 +257,9 @@ class InodeTable {
   // The one place a file's Place changes (under the table's lock).
   void move(Inode& inode, Place to);
   std::atomic<uint64_t> illegal_moves_{0};
+  // The table's lock: first in the engine's order. Held, it may take the window's lock
+  // (forget asks Window::forgotten); nothing it calls takes it again, and no callback of its
+  // own (full_, the window's settled_) runs under it. Taken with nothing else held.
   std::mutex lock_;
   std::unordered_map<InodeKey, std::shared_ptr<Inode>, InodeKeyHash> known_;
   // Out of the lookup by key (let go of before a removal, or retired) but still held by the

@@ -228,6 +228,11 @@ class Window {
   std::function<void(const std::shared_ptr<Inode>&)> settled_;
 
   WindowParams p_;
+  // The window's lock: after the table's (InodeTable::lock_ may be held when it is taken,
+  // never the other way round). Held, it takes no other lock: what a call lets go of (the
+  // descriptors it closes, the forgotten files the table settles) goes after it is released
+  // (Settled); a file's place is read as an atomic (Inode::forgotten). The flusher's stop
+  // flag is read under it too (lock()).
   std::mutex lock_;
   std::condition_variable gate_;
   std::condition_variable flusher_;
