@@ -46,6 +46,8 @@ using std::chrono::milliseconds;
 
 int failures = 0;
 std::string where;  // seed, sequence and step of what is checked now
+// What the steps did (those that found something to do), printed at the end: what a run covered.
+std::map<std::string, uint64_t> covered;
 
 #define CHECK(cond)                                                                      \
   do {                                                                                   \
@@ -180,6 +182,7 @@ class Model {
       where = label + " step " + std::to_string(step);
       std::string op = one_step();
       where = label + " step " + std::to_string(step) + " (" + op + ")";
+      if (op.back() != '-') covered[op.substr(0, op.find_first_of(" 0123456789"))]++;
       check();
     }
     where = label + " end";
@@ -323,10 +326,12 @@ class Model {
     const std::string& handle = objects_[name];
     MFile* slot = known_.count(key) ? known_[key] : nullptr;
     if (slot != nullptr && slot->handle != handle) {  // its key names another object now
+      covered[slot->lookups != 0 ? "(retired)" : "(owing, its key taken)"]++;
       slot->place = slot->lookups != 0 ? Place::kRetired : Place::kGone;
       known_.erase(key);
       slot = nullptr;
     }
+    if (slot != nullptr && slot->place == Place::kOwing) covered["(owing, found again)"]++;
     fuse_ino_t node = table_.remember(std::move(fd), st, handle);
     if (slot == nullptr) {
       auto m = std::make_unique<MFile>();
@@ -466,6 +471,7 @@ class Model {
     }
     for (auto& job : jobs) {
       MFile* m = model_of(job.inode.get());
+      covered["(synced as forgotten)"] += job.reason == ft::SyncReason::kForget ? 1 : 0;
       if (m == nullptr) {
         CHECK(false);
         continue;
@@ -626,6 +632,7 @@ class Model {
         m->place = m->lookups != 0 ? Place::kDetached : Place::kGone;
         known_.erase(m->key);
         detached = true;
+        covered["(let go of before its removal)"]++;
       }
     }
     ft::LetGo held(table_, window_, dir_.dir.get(), name.c_str(), milliseconds(0));
@@ -633,6 +640,7 @@ class Model {
     CHECK(rc == 0 || failed);
     held.removed(rc);
     if (rc != 0 && detached && m->place == Place::kDetached) {  // held by its name again
+      covered["(held again after a failed removal)"]++;
       m->place = Place::kKnown;
       known_[m->key] = m;
     }
@@ -778,6 +786,9 @@ void model_mode(uint64_t seed, size_t sequences, size_t steps) {
     where = label + " after";
     CHECK(open_fds() == before);  // every descriptor closed
   }
+  std::printf("model_test: model mode covered");
+  for (auto& [what, n] : covered) std::printf(" %s %llu,", what.c_str(), static_cast<unsigned long long>(n));
+  std::printf("\n");
 }
 
 // --- threads mode -----------------------------------------------------------------------------
