@@ -73,7 +73,7 @@ struct OpenFile : Handle {
   // Writes leave no page in the target's page cache (target_io, ops.cc: write_uncached): a
   // second descriptor for O_DIRECT writes, opened at the first whole run of pages, tried once
   // (none where the target has no direct I/O or refuses the reopen).
-  std::mutex uncached_lock;
+  std::mutex uncached_lock;  // a leaf lock: held only to open the descriptor once
   bool uncached_tried = false;
   Fd uncached;
 

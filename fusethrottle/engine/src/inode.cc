@@ -9,8 +9,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <condition_variable>
+#include <mutex>
 #include <string>
-#include <thread>
 
 namespace ft {
 
@@ -45,7 +46,7 @@ bool legal(Place from, Place to) {
 }
 
 void InodeTable::move(Inode& inode, Place to) {
-  Place from = inode.place_;
+  Place from = inode.place_.load(std::memory_order_relaxed);
   if (!legal(from, to)) {
     illegal_moves_.fetch_add(1, std::memory_order_relaxed);
     std::fprintf(stderr, "fusethrottle engine: illegal move of node %p: %s -> %s\n",
@@ -54,7 +55,7 @@ void InodeTable::move(Inode& inode, Place to) {
     std::abort();
 #endif
   }
-  inode.place_ = to;
+  inode.place_.store(to, std::memory_order_release);
 }
 
 namespace {
@@ -114,7 +115,7 @@ fuse_ino_t InodeTable::remember(Fd path, const struct stat& st, std::string hand
     slot->born_ = ++born_;
     past = known_.size() > high_;
   }
-  if (slot->place_ != Place::kKnown) move(*slot, Place::kKnown);  // new, or owing and found again
+  if (slot->place() != Place::kKnown) move(*slot, Place::kKnown);  // new, or owing and found again
   slot->lookups_++;
   auto node = reinterpret_cast<fuse_ino_t>(slot.get());
   guard.unlock();
@@ -179,10 +180,10 @@ std::shared_ptr<Inode> InodeTable::forget(
   }
   auto it = known_.find(inode->key());
   if (it == known_.end() || it->second.get() != inode) return nullptr;
-  if (owed(it->second)) {  // known, with no lookup, until settled()
-    move(*inode, Place::kOwing);
-    return nullptr;
-  }
+  // Owing before the window is asked (it syncs a forgotten file at once, see Inode::forgotten);
+  // known with no lookup until settled(), or gone now if it owes nothing.
+  move(*inode, Place::kOwing);
+  if (owed(it->second)) return nullptr;
   std::shared_ptr<Inode> gone = std::move(it->second);
   known_.erase(it);
   move(*gone, Place::kGone);
@@ -210,15 +211,27 @@ bool Inode::shut() {
   return (use_.fetch_or(kLetGo, std::memory_order_acq_rel) & kLetGo) == 0;
 }
 
+namespace {
+// Removals waiting for the calls through a file's descriptor to end (Inode::drained), woken by
+// the last call out of a file being let go of. One pair for every file: such waits are rare
+// and short, and each waiter looks at its own file's count. A leaf lock: nothing is taken
+// while it is held.
+std::mutex drain_lock;
+std::condition_variable drain_ended;
+}  // namespace
+
+void Inode::last_out() {
+  // Taken and let go before the notify: a removal between its look at the count and its wait
+  // holds the lock, so the wake-up comes after it waits, never before.
+  { std::lock_guard<std::mutex> guard(drain_lock); }
+  drain_ended.notify_all();
+}
+
 bool Inode::drained(std::chrono::milliseconds bound) {
-  auto until = std::chrono::steady_clock::now() + bound;
-  auto pause = std::chrono::microseconds(20);
-  while ((use_.load(std::memory_order_acquire) & ~kLetGo) != 0) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(5));
-  }
-  return true;
+  auto idle = [this] { return (use_.load(std::memory_order_acquire) & ~kLetGo) == 0; };
+  if (idle()) return true;
+  std::unique_lock<std::mutex> guard(drain_lock);
+  return drain_ended.wait_for(guard, bound, idle);
 }
 
 bool InodeTable::detach(Inode& inode, const struct stat& last) {

@@ -83,13 +83,17 @@ class Inode : public std::enable_shared_from_this<Inode> {
     } while (!use_.compare_exchange_weak(now, now + 1, std::memory_order_acq_rel));
     return true;
   }
-  void leave() { use_.fetch_sub(1, std::memory_order_acq_rel); }
+  void leave() {
+    if (use_.fetch_sub(1, std::memory_order_acq_rel) == kLetGo + 1) last_out();
+  }
   // A removal lets go of it: no call enters from now on (false: another removal did first),
   // and those under way are waited for, at most *bound* (false: one still is, and calls are
   // let in again). A call under way is one system call on the target (a stat, an attribute,
   // an xattr), often one the kernel sent by itself (the writeback cache's mtime after a
   // close): a removal that went ahead meanwhile left the file allocated until it ended, and
-  // on NFS renamed it to .nfsXXXX.
+  // on NFS renamed it to .nfsXXXX. The wait sleeps until the last call leaves (it wakes the
+  // removal), not in polls: a timed condition variable, since std::atomic::wait has no bound
+  // and a call on a hung target may never end.
   bool shut();
   bool drained(std::chrono::milliseconds bound);
   void reopen() { use_.fetch_and(~kLetGo, std::memory_order_acq_rel); }
@@ -128,10 +132,19 @@ class Inode : public std::enable_shared_from_this<Inode> {
   }
   uint64_t writer() const { return writer_.load(std::memory_order_relaxed); }
 
-  // Where it stands in the table (see Place): read under the table's lock, or by tests.
-  Place place() const { return place_; }
+  // Where it stands in the table (see Place): moved under the table's lock, read anywhere.
+  Place place() const { return place_.load(std::memory_order_acquire); }
+  // The kernel holds no lookup of it (owing, or out of the table): only the window can still
+  // sync it. The table's place is the one record of it: a lookup that finds the file again
+  // makes it the kernel's again for the window too. The window reads it under its own lock;
+  // a forget moves the file before it asks the window (InodeTable::forget), so the flusher
+  // the window wakes sees the move.
+  bool forgotten() const {
+    Place now = place();
+    return now == Place::kOwing || now == Place::kGone;
+  }
 
-  FileLedger ledger;  // its un-synced data: guarded by the window's lock
+  FileLedger ledger;  // its un-synced data: guarded by the window's lock (Window::lock_)
   KernelView view;    // what the kernel was shown of it (regular files, writeback cache)
 
  private:
@@ -141,7 +154,7 @@ class Inode : public std::enable_shared_from_this<Inode> {
   mode_t type_;
   std::string handle_;
   uint64_t lookups_ = 0;  // guarded by the table's lock
-  Place place_ = Place::kNew;  // guarded by the table's lock
+  std::atomic<Place> place_{Place::kNew};  // written under the table's lock
   // The name the kernel last learned it by (for relief.h), its age and when the kernel was
   // last asked to drop it: guarded by the table's lock.
   fuse_ino_t parent_ = 0;
@@ -152,6 +165,7 @@ class Inode : public std::enable_shared_from_this<Inode> {
   std::atomic<uint64_t> writer_{0};
   std::atomic<int64_t> kernel_mtime_{-1};
   static constexpr uint32_t kLetGo = 1u << 31;
+  void last_out();  // the last call under way left a file being let go of
   std::atomic<uint32_t> use_{0};  // calls under way through the descriptor, and kLetGo
   struct stat removed_ {};
 };
@@ -243,6 +257,9 @@ class InodeTable {
   // The one place a file's Place changes (under the table's lock).
   void move(Inode& inode, Place to);
   std::atomic<uint64_t> illegal_moves_{0};
+  // The table's lock: first in the engine's order. Held, it may take the window's lock
+  // (forget asks Window::forgotten); nothing it calls takes it again, and no callback of its
+  // own (full_, the window's settled_) runs under it. Taken with nothing else held.
   std::mutex lock_;
   std::unordered_map<InodeKey, std::shared_ptr<Inode>, InodeKeyHash> known_;
   // Out of the lookup by key (let go of before a removal, or retired) but still held by the

@@ -82,6 +82,7 @@ class KernelView {
   void show(const struct stat& st);
 
   static std::atomic<uint64_t> clock_;
+  // A leaf lock: taken with the table's or the window's held or not, it takes no other.
   mutable std::mutex lock_;
   uint64_t generation_ = 0;
   int64_t size_ = -1;   // what the kernel holds as its size; -1: not known

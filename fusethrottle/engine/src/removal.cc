@@ -7,13 +7,18 @@
 
 namespace ft {
 
-LetGo::LetGo(Engine& engine, int dir, const char* name) : engine_(engine), dir_(dir), name_(name) {
+LetGo::LetGo(Engine& engine, int dir, const char* name)
+    : LetGo(engine.inodes(), engine.window(), dir, name) {}
+
+LetGo::LetGo(InodeTable& inodes, Window& window, int dir, const char* name,
+             std::chrono::milliseconds wait)
+    : inodes_(inodes), dir_(dir), name_(name) {
   struct stat st {};
   if (::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
   if (S_ISDIR(st.st_mode) || st.st_nlink > 1) return;  // not the file's last name
-  std::shared_ptr<Inode> inode = engine.inodes().find(InodeKey{st.st_dev, st.st_ino});
-  if (!inode || !engine.window().let_go(*inode, kSyncWait)) return;
-  if (engine.inodes().detach(*inode, st)) inode_ = std::move(inode);
+  std::shared_ptr<Inode> inode = inodes.find(InodeKey{st.st_dev, st.st_ino});
+  if (!inode || !window.let_go(*inode, wait)) return;
+  if (inodes.detach(*inode, st)) inode_ = std::move(inode);
 }
 
 void LetGo::removed(int error) {
@@ -22,7 +27,7 @@ void LetGo::removed(int error) {
   struct stat st {};
   if (!fresh || ::fstat(fresh.get(), &st) != 0) return;  // gone after all: nothing to hold
   if (!(InodeKey{st.st_dev, st.st_ino} == inode_->key())) return;  // another file by now
-  engine_.inodes().reattach(*inode_, std::move(fresh));
+  inodes_.reattach(*inode_, std::move(fresh));
 }
 
 }  // namespace ft

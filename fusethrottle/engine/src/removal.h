@@ -15,6 +15,8 @@
 
 #include "inode.h"
 
+#include "window.h"
+
 namespace ft {
 
 class Engine;
@@ -27,13 +29,17 @@ class LetGo {
 
   // Before removing *name* from the directory *dir*.
   LetGo(Engine& engine, int dir, const char* name);
+  // The same with the table and the window named (tests/model_test.cc drives it without a
+  // mount), waiting at most *wait* for a running sync.
+  LetGo(InodeTable& inodes, Window& window, int dir, const char* name,
+        std::chrono::milliseconds wait = kSyncWait);
   LetGo(const LetGo&) = delete;
   LetGo& operator=(const LetGo&) = delete;
   // After it, *error* its result: a failed removal holds the file again by its name.
   void removed(int error);
 
  private:
-  Engine& engine_;
+  InodeTable& inodes_;
   int dir_;
   const char* name_;
   std::shared_ptr<Inode> inode_;  // let go of (else null)

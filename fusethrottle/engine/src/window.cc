@@ -158,7 +158,6 @@ void Window::discard(Inode& inode) {
 void Window::opened(const std::shared_ptr<Inode>& inode) {
   std::lock_guard<std::mutex> guard(lock_);
   inode->ledger.opens++;
-  inode->ledger.forgotten = false;  // looked up again since
 }
 
 void Window::closing(Inode& inode, bool now) {
@@ -202,7 +201,6 @@ void Window::wake_flusher_by(double when) {
 bool Window::forgotten(const std::shared_ptr<Inode>& inode) {
   std::lock_guard<std::mutex> guard(lock_);
   if (!inode->ledger.owes()) return false;
-  inode->ledger.forgotten = true;
   files_.emplace(inode.get(), inode);
   wake_flusher_by(now_seconds());
   return true;
@@ -256,7 +254,7 @@ void Window::collect(Inode& inode, Settled& out) {
   }
   auto it = files_.find(&inode);
   if (it != files_.end()) {
-    (f.forgotten ? out.forgotten : out.inodes).push_back(std::move(it->second));
+    (inode.forgotten() ? out.forgotten : out.inodes).push_back(std::move(it->second));
     files_.erase(it);
   }
 }
@@ -365,7 +363,7 @@ std::vector<SyncJob> Window::due(double now) {
   for (Inode* inode : ready) {
     FileLedger& f = inode->ledger;
     SyncReason reason;
-    if (f.forgotten) {
+    if (inode->forgotten()) {
       reason = SyncReason::kForget;
     } else if (!p_.inject) {
       continue;

@@ -62,7 +62,6 @@ struct FileLedger {
   double retry_after = 0;
   bool released = false;   // its last handle closed with dirty data
   double released_at = 0;
-  bool forgotten = false;  // the kernel forgot it: only the window can still sync it
   bool queued = false;     // an fsync of it is queued or running (one at a time)
   int removing = 0;        // removals of its last name waiting for its sync (Window::let_go)
   int opens = 0;           // open handles
@@ -155,7 +154,8 @@ class Window {
   int await_releases(Inode& inode, std::chrono::milliseconds wait);
   // The kernel forgot the file: true if it owes anything, and the window keeps (and syncs)
   // it; the table keeps it by its key meanwhile (a new lookup finds it again, see
-  // InodeTable::forget), until *settled* is called with it. False: it may go now.
+  // InodeTable::forget), until *settled* is called with it. False: it may go now. Whether it
+  // is still forgotten is the table's to say (Inode::forgotten), never a copy kept here.
   bool forgotten(const std::shared_ptr<Inode>& inode);
   // Called (outside the window's lock) with each forgotten file once it owes nothing.
   void when_settled(std::function<void(const std::shared_ptr<Inode>&)> settled) {
@@ -231,6 +231,11 @@ class Window {
   std::function<void(const std::shared_ptr<Inode>&)> settled_;
 
   WindowParams p_;
+  // The window's lock: after the table's (InodeTable::lock_ may be held when it is taken,
+  // never the other way round). Held, it takes no other lock: what a call lets go of (the
+  // descriptors it closes, the forgotten files the table settles) goes after it is released
+  // (Settled); a file's place is read as an atomic (Inode::forgotten). The flusher's stop
+  // flag is read under it too (lock()).
   std::mutex lock_;
   std::condition_variable gate_;
   std::condition_variable flusher_;

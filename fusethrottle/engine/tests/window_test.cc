@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -246,13 +247,22 @@ void test_a_forgotten_file_is_synced_even_without_injection() {
   p.inject = false;
   p.enforce = false;
   ft::Window w(p);
-  auto a = file(1);
+  ft::InodeTable table;
+  struct stat st {};
+  st.st_dev = 1;
+  st.st_ino = 5;
+  st.st_mode = S_IFREG | 0644;
+  fuse_ino_t node = table.remember(ft::Fd(::open("/dev/null", O_PATH | O_CLOEXEC)), st, "handle-5");
+  auto a = table.share(node);
   w.admit(32 * MiB);
   w.landed(a, 32 * MiB, 32 * MiB, 0);
   CHECK(w.take_due(ft::now_seconds() + 100).empty());  // mode=off injects nothing
-  w.forgotten(a);
+  // Forgotten by the kernel (the table says so, see Inode::forgotten): synced at once.
+  CHECK(table.forget(node, 1, [&w](const std::shared_ptr<ft::Inode>& i) { return w.forgotten(i); }) ==
+        nullptr);
   auto jobs = w.take_due(ft::now_seconds());
   CHECK(jobs.size() == 1 && jobs[0].reason == ft::SyncReason::kForget);
+  for (auto& job : jobs) w.end_sync(job, 0);
 }
 
 }  // namespace
@@ -482,6 +492,42 @@ void test_a_files_place_in_the_table_moves_only_as_its_life_allows() {
   CHECK(table.illegal_moves() == 0);
 }
 
+// A removal lets go of a file's descriptor only once the calls under way through it ended: it
+// waits for the last one (woken by it, not polling), and past its bound gives up and lets
+// calls in again (a call on a hung target may never end).
+void test_a_removal_waits_for_the_calls_under_way_and_gives_up_at_its_bound() {
+  ft::InodeTable table;
+  struct stat st {};
+  st.st_dev = 1;
+  st.st_ino = 13;
+  st.st_mode = S_IFREG | 0644;
+  auto path = [] { return ft::Fd(::open("/dev/null", O_PATH | O_CLOEXEC)); };
+  auto inode = table.share(table.remember(path(), st, "handle-13"));
+  std::atomic<bool> ended{false};
+  auto call = std::make_unique<ft::Using>(inode);
+  std::thread caller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ended = true;
+    call.reset();
+  });
+  CHECK(table.detach(*inode, st));
+  CHECK(ended);  // not before the call ended
+  caller.join();
+  CHECK(inode->detached() && inode->place() == ft::Place::kDetached);
+  { ft::Using late(inode); CHECK(!late); }  // no call goes in once it is let go of
+  table.reattach(*inode, path());
+  CHECK(inode->place() == ft::Place::kKnown);
+  {
+    ft::Using stuck(inode);  // never ends while the removal waits
+    CHECK(!table.detach(*inode, st));
+    CHECK(!inode->detached());
+    ft::Using next(inode);
+    CHECK(next);  // calls go in again
+  }
+  CHECK(table.forget(table.node_of(*inode), 1, [](const std::shared_ptr<ft::Inode>&) { return false; }) != nullptr);
+  CHECK(table.illegal_moves() == 0);
+}
+
 // A file system without handles (procfs here, the NFS client in the lab) is not asked again;
 // one that has them still is.
 void test_a_file_system_without_handles_leaves_the_others_theirs() {
@@ -666,6 +712,7 @@ int main() {
   test_a_removal_waits_for_a_running_sync_and_drops_one_not_started();
   test_a_file_forgotten_while_it_owes_a_sync_is_found_again_as_itself();
   test_a_files_place_in_the_table_moves_only_as_its_life_allows();
+  test_a_removal_waits_for_the_calls_under_way_and_gives_up_at_its_bound();
   test_another_writers_change_renews_the_kernels_inode_only_when_nobody_has_it_open();
   test_a_file_system_without_handles_leaves_the_others_theirs();
   test_the_mounts_own_writes_are_not_taken_for_another_writers();
