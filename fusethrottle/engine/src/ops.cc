@@ -26,6 +26,7 @@
 
 #include "call.h"
 #include "caller.h"
+#include "conn_flags.h"
 #include "engine.h"
 #include "handles.h"
 #include "removal.h"
@@ -204,20 +205,16 @@ void set_open_reply(fuse_file_info* fi, int flags, bool bypass) {
 
 void op_init(void* userdata, fuse_conn_info* conn) {
   auto& engine = *static_cast<Engine*>(userdata);
-  bool cache = engine.options().writeback_cache && (conn->capable & FUSE_CAP_WRITEBACK_CACHE);
-  if (cache) {
-    conn->want |= FUSE_CAP_WRITEBACK_CACHE;
-  } else {
-    conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
-  }
+  bool cache = engine.options().writeback_cache && conn_want(conn, FUSE_CAP_WRITEBACK_CACHE);
+  if (!cache) conn_drop(conn, FUSE_CAP_WRITEBACK_CACHE);
   engine.set_writeback_cache(cache);
   // READDIRPLUS when the kernel sees it pay (a listing followed by lookups), READDIR else.
-  if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
-  if (conn->capable & FUSE_CAP_READDIRPLUS_AUTO) conn->want |= FUSE_CAP_READDIRPLUS_AUTO;
+  conn_want(conn, FUSE_CAP_READDIRPLUS);
+  conn_want(conn, FUSE_CAP_READDIRPLUS_AUTO);
   // The kernel clears set-user-ID bits on write itself (a request as root would keep them).
-  conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;
-  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
-  if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
+  conn_drop(conn, FUSE_CAP_HANDLE_KILLPRIV);
+  conn_want(conn, FUSE_CAP_PARALLEL_DIROPS);
+  conn_want(conn, FUSE_CAP_SPLICE_WRITE);
 }
 
 // --- names ----------------------------------------------------------------------------------
