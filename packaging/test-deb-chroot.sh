@@ -4,7 +4,8 @@
 # compiler, apt-get install, mount -t fuse.fusethrottle, write, verify, unmount, ...). The
 # host's kernel and /dev/fuse serve the root.
 #
-# Usage: packaging/test-deb-chroot.sh [RELEASE]      (default trixie, Debian 13)
+# Usage: packaging/test-deb-chroot.sh [RELEASE [COMMAND]]    (default trixie, Debian 13)
+# With COMMAND, that shell command runs in the root (in the copied tree) instead of the checks.
 #
 # The root is made once (debootstrap's minbase, then apt-get install of the build's and the
 # checks' packages) under $FUSETHROTTLE_CHROOT_CACHE (default /var/cache/fusethrottle/chroot),
@@ -13,13 +14,18 @@
 # /sys, /dev, /dev/pts, the overlay, the checks' FUSE mounts) lives in a mount namespace of its
 # own that ends with the run: nothing is left mounted on the host. The .deb is copied to
 # packaging/out/<release>/. Needs root, debootstrap and util-linux's unshare.
-# Environment: FUSETHROTTLE_DEBIAN_MIRROR (default: the host's deb.debian.org URI).
+# Environment: FUSETHROTTLE_DEBIAN_MIRROR (default http://deb.debian.org/debian),
+# FUSETHROTTLE_CHROOT_BIND (a host directory to bind at /bind in the root, e.g. for a bench on a
+# real disk: the root's /tmp is a tmpfs).
 set -euo pipefail
 umask 022
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 top=$(dirname "$here")
 release=${1:-trixie}
+command=${2:-packaging/test-deb.sh}
+bind=${FUSETHROTTLE_CHROOT_BIND:-}
+[ -z "$bind" ] || [ -d "$bind" ] || { echo "test-deb-chroot: $bind is not a directory" >&2; exit 1; }
 cache=${FUSETHROTTLE_CHROOT_CACHE:-/var/cache/fusethrottle/chroot}
 base=$cache/$release-root
 debs=$cache/$release-debs
@@ -105,8 +111,12 @@ mkdir -p "$root/src/fusethrottle"
 tar -xf "$WORK/tree.tar" -C "$root/src/fusethrottle"
 mkdir -p "$root/out"
 mount --bind "$OUT" "$root/out"
+if [ -n "$BIND" ]; then
+    mkdir -p "$root/bind"
+    mount --bind "$BIND" "$root/bind"
+fi
 exec chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
-    SOURCE_DATE_EPOCH="$EPOCH" PACKAGES="$PACKAGES" /bin/bash -c '
+    SOURCE_DATE_EPOCH="$EPOCH" PACKAGES="$PACKAGES" COMMAND="$COMMAND" /bin/bash -c '
 set -e
 cd /src/fusethrottle
 echo "== $(. /etc/os-release && echo "$PRETTY_NAME"), libfuse $(pkg-config --modversion fuse3)"
@@ -115,7 +125,7 @@ apt-get update -q >/dev/null
 # shellcheck disable=SC2086  # a list of words
 apt-get install -y -q --no-install-recommends $PACKAGES >/dev/null
 rc=0
-packaging/test-deb.sh || rc=$?
+bash -c "$COMMAND" || rc=$?
 cp packaging/out/fusethrottle_*.deb packaging/out/test-deb.log /out/ 2>/dev/null || true
 exit $rc
 '
@@ -124,7 +134,7 @@ EOF
 mkdir -p "$out"
 rm -f -- "$out"/fusethrottle_*.deb
 rc=0
-BASE=$base WORK=$work EPOCH=$epoch OUT=$out PACKAGES=$packages \
+BASE=$base WORK=$work EPOCH=$epoch OUT=$out PACKAGES=$packages COMMAND=$command BIND=$bind \
     unshare --mount --propagation private -- /bin/bash -c "$inner" inner "$work/root" || rc=$?
 [ "$rc" -eq 0 ] || note "the checks in the $release root failed (exit $rc); log: $out/test-deb.log"
 find "$out" -name 'fusethrottle_*.deb' -printf 'test-deb-chroot: built %p\n' >&2

@@ -347,6 +347,52 @@ if [ "$mounted" = 1 ]; then
     done
 fi
 
+# --- reads the kernel serves (FUSE passthrough) ------------------------------------------------
+# With libfuse 3.17+ (Debian 13) and without the write-back cache, files open for reading only
+# are read by the kernel; a libfuse before 3.17 (Debian 12) says so once. Either way the data
+# reads back, and a writer is refused while the kernel reads the file, not mixed in.
+pt=$work/mnt-passthrough
+mkdir -p "$pt"
+head -c 1M /dev/urandom >"$work/pt-payload"
+cp "$work/pt-payload" "$src/pt-file"
+fusethrottle "$src" "$pt" -f -o writeback_cache=no >"$work/passthrough.log" 2>&1 &
+pt_pid=$!
+daemon_pids+=("$pt_pid")
+for ((i = 0; i < mount_timeout * 10; i++)); do
+    [ -n "$(fstype_at "$pt")" ] && break
+    kill -0 "$pt_pid" 2>/dev/null || break
+    sleep 0.1
+done
+case $libfuse in
+    libfuse3-3) expected_passthrough="passthrough: off (built against a libfuse before 3.17" ;;
+    *) expected_passthrough="passthrough: on" ;;
+esac
+says_passthrough() {
+    grep -F "fusethrottle engine: passthrough:" "$work/passthrough.log" || true
+    [ "$(grep -c "passthrough:" "$work/passthrough.log")" -eq 1 ] &&
+        grep -qF "fusethrottle engine: $expected_passthrough" "$work/passthrough.log"
+}
+check "writeback_cache=no with $libfuse says '$expected_passthrough...' once" says_passthrough || true
+check "the file reads back through it" timeout 60 cmp "$work/pt-payload" "$pt/pt-file" || true
+# shellcheck disable=SC2016  # the inner shell expands $1
+append() { timeout 10 bash -c 'echo more >>"$1"' _ "$1"; }
+writer_waits_for_reader() {
+    local rc=0 reader
+    exec {reader}<"$pt/pt-file"
+    append "$pt/pt-file" 2>&1 || rc=$?
+    exec {reader}<&-
+    if [ "$expected_passthrough" = "passthrough: on" ]; then
+        [ "$rc" -ne 0 ] || { echo "a writer was let in while the kernel read the file" && return 1; }
+    else
+        [ "$rc" -eq 0 ] || return 1
+    fi
+    append "$pt/pt-file" && timeout 60 cmp -n 1048576 "$work/pt-payload" "$pt/pt-file"
+}
+check "a writer beside a reader: refused with passthrough, let in without; after the reader, let in" \
+    writer_waits_for_reader || true
+timeout 60 umount "$pt" || fail "umount of the writeback_cache=no mount"
+wait_gone "$pt_pid" 60 || fail "the writeback_cache=no mount's daemon (pid $pt_pid) exits after umount"
+
 # --- a mount set up for the removed Python data plane -------------------------------------------
 # fstab lines written while two data planes existed may say engine=python: one clear line, a
 # non-zero exit, nothing mounted and no daemon left behind.
