@@ -1,17 +1,23 @@
 #!/bin/bash
-# Build packaging/out/fusethrottle_<version>_<arch>.deb for Debian 12 from this work tree.
+# Build packaging/out/fusethrottle_<version>~deb<N>_<arch>.deb for the Debian release this runs
+# on (12 or 13) from this work tree.
 #
 # No virtualenv is vendored: the Python package goes to /usr/lib/python3/dist-packages and
 # runs on Debian's python3-trio and python3-prometheus-client (the control plane). The engine
 # (fusethrottle/engine, C++ on libfuse3: the request loop) is compiled here and shipped beside
 # it, which makes the package one of this machine's architecture. The tree is
-# staged by hand and packed with dpkg-deb, so the build needs only dpkg-deb, gzip and python3
-# (no debhelper, no network). Version and dependencies come from pyproject.toml.
+# staged by hand and packed with dpkg-deb, so the build needs only dpkg-dev, gzip and python3
+# (no debhelper, no network). Version and the Python dependencies come from pyproject.toml; the
+# engine's libraries (libfuse3-3 on Debian 12, libfuse3-4 on 13, libstdc++6, ...) from
+# dpkg-shlibdeps on the engine as built, so each release's package names its own libfuse. The
+# version ends in ~deb<N> (the release's number): the two builds of one tree are distinct
+# packages, and 13's sorts above 12's for an upgrade.
 #
 # Usage: packaging/build-deb.sh     (prints the path of the .deb on its last line)
 # Environment: DEB_MAINTAINER ("Name <address>"), SOURCE_DATE_EPOCH (timestamps; defaults to
 # the last commit, so two builds of one commit are byte-identical), FUSETHROTTLE_DEB_OUT
-# (output directory, default packaging/out).
+# (output directory, default packaging/out), FUSETHROTTLE_DEB_RELEASE (the version's suffix
+# after ~deb; default VERSION_ID of /etc/os-release).
 set -euo pipefail
 umask 022
 
@@ -28,7 +34,7 @@ die() {
 }
 note() { echo "build-deb: $*" >&2; }
 
-for tool in dpkg-deb gzip md5sum "$python" make g++ pkg-config; do
+for tool in dpkg-deb dpkg-shlibdeps gzip md5sum "$python" make g++ pkg-config; do
     command -v "$tool" >/dev/null ||
         die "$tool is missing (apt-get install dpkg-dev gzip python3 make g++ pkg-config libfuse3-dev)"
 done
@@ -38,7 +44,10 @@ make -s -C "$top/fusethrottle/engine" >&2 || die "the native engine does not bui
 meta() { "$python" "$here/debmeta.py" "$pyproject" "$1"; }
 
 version=$(meta version)
-deb_version=$(meta deb-version)
+release=${FUSETHROTTLE_DEB_RELEASE:-$(sed -n 's/^VERSION_ID="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' /etc/os-release 2>/dev/null)}
+[[ $release =~ ^[0-9]+$ ]] ||
+    die "cannot tell the Debian release (VERSION_ID in /etc/os-release); set FUSETHROTTLE_DEB_RELEASE"
+deb_version=$(meta deb-version)~deb$release
 depends=$(meta depends)
 recommends=$(meta recommends)
 dpkg --validate-version "$deb_version" 2>/dev/null || die "invalid Debian version $deb_version"
@@ -60,7 +69,7 @@ export SOURCE_DATE_EPOCH
 
 stage=$(mktemp -d "${TMPDIR:-/tmp}/fusethrottle-deb.XXXXXX")
 trap 'rm -rf -- "$stage"' EXIT
-root=$stage/root
+root=$stage/debian/fusethrottle  # where dpkg-shlibdeps expects a package's files
 pylib=$root/usr/lib/python3/dist-packages
 doc=$root/usr/share/doc/fusethrottle
 
@@ -138,6 +147,16 @@ if [ -f "$dashboard" ]; then
 else
     note "no docs/grafana-dashboard.json; building without the dashboard"
 fi
+
+# --- the engine's shared libraries, as this release names them --------------------------
+engine=$pylib/fusethrottle/engine/libfusethrottle_engine.so
+[ -f "$engine" ] || die "the engine $engine was not staged"
+printf 'Source: fusethrottle\n\nPackage: fusethrottle\nArchitecture: any\n' >"$stage/debian/control"
+install -d -m 755 "$root/DEBIAN"  # how dpkg-shlibdeps finds the package's root
+shlibs=$(cd "$stage" && dpkg-shlibdeps -O "${engine#"$stage"/}") || die "dpkg-shlibdeps failed on the engine"
+shlibs=${shlibs#shlibs:Depends=}
+grep -q 'libfuse3' <<<"$shlibs" || die "dpkg-shlibdeps named no libfuse3 package: $shlibs"
+depends="$depends, $shlibs"
 
 # --- control files -------------------------------------------------------------------------
 install -d -m 755 "$root/DEBIAN"

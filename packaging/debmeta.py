@@ -4,7 +4,8 @@ Usage: ``debmeta.py PYPROJECT WHAT`` where WHAT is one of
 
 - ``version``       the project version as written (PEP 440), for the dist-info directory name;
 - ``deb-version``   the same in Debian's ordering (``1.0rc1`` -> ``1.0~rc1``);
-- ``depends``       the Depends: line (python3 and every runtime dependency, as Debian packages);
+- ``depends``       the Depends: line's start (python3, every runtime dependency as a Debian
+                    package, fuse3; build-deb.sh adds the engine's shared libraries);
 - ``recommends``    the Recommends: line (the ``redis`` extra: what ``budget=`` needs);
 - ``scripts``       ``NAME MODULE FUNCTION`` per console script, one per line;
 - ``metadata``      a core-metadata METADATA file, so ``importlib.metadata`` knows the package;
@@ -22,9 +23,10 @@ from typing import Any
 
 # Runtime packages that are not named python3-<normalised PyPI name> in Debian go here.
 _DEBIAN_NAMES: dict[str, str] = {}
-# Debian packages needed beside the Python ones: fuse3 brings fusermount3 and mount.fuse3;
-# the native engine links libfuse3 and the C++ runtime (Debian 12's versions at least).
-_EXTRA_DEPENDS = ["fuse3", "libfuse3-3 (>= 3.14)", "libstdc++6 (>= 12)"]
+# Debian packages needed beside the Python ones: fuse3 brings fusermount3 and mount.fuse3. The
+# libraries the native engine links (libfuse3-3 on Debian 12, libfuse3-4 on 13, the C++
+# runtime) are not named here: build-deb.sh asks dpkg-shlibdeps about the engine as built.
+_EXTRA_DEPENDS = ["fuse3"]
 _REQ_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:>=\s*([0-9][0-9A-Za-z.]*))?\s*$")
 
 

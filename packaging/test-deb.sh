@@ -3,7 +3,8 @@
 # mount -t fuse.fusethrottle, an fstab line, the Type=notify contract of fusethrottle@.service,
 # clearing a stale mount after a crash, systemd-analyze verify on the units, and removal.
 #
-# Needs root on Debian 12 with /dev/fuse (CI runs it as is). Prints "ok: ..." or one
+# Needs root on Debian 12 or 13 with /dev/fuse (CI runs it as is on 12, and in a Debian 13 root
+# through packaging/test-deb-chroot.sh). Prints "ok: ..." or one
 # "FAIL: ..." line per check, then "test-deb: N passed, N failed"; details of failed commands
 # go to packaging/out/test-deb.log. Exits 1 if any check failed.
 #
@@ -125,7 +126,8 @@ mkdir "$work/src" "$work/mnt" "$work/mnt-fstab" "$work/mnt-notify" "$work/mnt-st
 # --- static checks ---------------------------------------------------------------------------
 if command -v shellcheck >/dev/null; then
     check "shellcheck of the packaging and systemd scripts" shellcheck \
-        "$here/build-deb.sh" "$here/test-deb.sh" "$here"/debian/post* "$here/debian/prerm" \
+        "$here/build-deb.sh" "$here/test-deb.sh" "$here/test-deb-chroot.sh" "$here"/debian/post* \
+        "$here/debian/prerm" \
         "$top/systemd/clear-stale-mount" || true
 else
     echo "skip: shellcheck is not installed"
@@ -147,9 +149,28 @@ fi
 debs=("$out"/fusethrottle_*_"$(dpkg --print-architecture)".deb)
 deb=${debs[0]}
 version=$("$python" "$here/debmeta.py" "$top/pyproject.toml" version)
-expected_depends="python3 (>= 3.11), python3-trio (>= 0.22), python3-prometheus-client (>= 0.16), fuse3, libfuse3-3 (>= 3.14), libstdc++6 (>= 12)"
-check "Depends: is Debian's python3, trio, prometheus-client, fuse3 and libfuse3" \
-    same Depends "$(dpkg-deb -f "$deb" Depends)" "$expected_depends" || true
+depends=$(dpkg-deb -f "$deb" Depends)
+expected_depends="python3 (>= 3.11), python3-trio (>= 0.22), python3-prometheus-client (>= 0.16), fuse3"
+check "Depends: starts with Debian's python3, trio, prometheus-client and fuse3" \
+    same "Depends' start" "${depends:0:${#expected_depends}}" "$expected_depends" || true
+# The libfuse the engine was built against: the package holding the soname it links
+# (libfuse3-3 on Debian 12, libfuse3-4 on 13), which a .deb built on the other release lacks.
+libfuse_package() {
+    local so
+    so=$(objdump -p "$top/fusethrottle/engine/libfusethrottle_engine.so" | awk '$1 == "NEEDED" && $2 ~ /^libfuse3\.so/ {print $2}')
+    [ -n "$so" ] || return 1
+    dpkg -S "*/$so" | head -n 1 | cut -d: -f1
+}
+libfuse=$(libfuse_package) || libfuse="(no libfuse3 linked)"
+depends_on_own_libfuse() {
+    local only
+    only=$(tr ',' '\n' <<<"$depends" | grep -o 'libfuse3-[0-9]*' | sort -u | tr '\n' ' ')
+    same "libfuse packages in Depends" "${only% }" "$libfuse"
+}
+check "Depends: names this release's libfuse ($libfuse) and no other" depends_on_own_libfuse || true
+release=$(sed -n 's/^VERSION_ID="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' /etc/os-release)
+check "the version ends in ~deb$release, this release's" \
+    same "version" "$(dpkg-deb -f "$deb" Version | grep -o '~deb[0-9]*$')" "~deb$release" || true
 check "Recommends: python3-redis (budget=), not Depends" \
     same Recommends "$(dpkg-deb -f "$deb" Recommends)" "python3-redis (>= 4.3)" || true
 contents=$(dpkg-deb -c "$deb" | awk '{print $6}')
@@ -325,6 +346,52 @@ if [ "$mounted" = 1 ]; then
         check "the daemon (pid $pid) exits after umount" wait_gone "$pid" 60 || true
     done
 fi
+
+# --- reads the kernel serves (FUSE passthrough) ------------------------------------------------
+# With libfuse 3.17+ (Debian 13) and without the write-back cache, files open for reading only
+# are read by the kernel; a libfuse before 3.17 (Debian 12) says so once. Either way the data
+# reads back, and a writer is refused while the kernel reads the file, not mixed in.
+pt=$work/mnt-passthrough
+mkdir -p "$pt"
+head -c 1M /dev/urandom >"$work/pt-payload"
+cp "$work/pt-payload" "$src/pt-file"
+fusethrottle "$src" "$pt" -f -o writeback_cache=no >"$work/passthrough.log" 2>&1 &
+pt_pid=$!
+daemon_pids+=("$pt_pid")
+for ((i = 0; i < mount_timeout * 10; i++)); do
+    [ -n "$(fstype_at "$pt")" ] && break
+    kill -0 "$pt_pid" 2>/dev/null || break
+    sleep 0.1
+done
+case $libfuse in
+    libfuse3-3) expected_passthrough="passthrough: off (built against a libfuse before 3.17" ;;
+    *) expected_passthrough="passthrough: on" ;;
+esac
+says_passthrough() {
+    grep -F "fusethrottle engine: passthrough:" "$work/passthrough.log" || true
+    [ "$(grep -c "passthrough:" "$work/passthrough.log")" -eq 1 ] &&
+        grep -qF "fusethrottle engine: $expected_passthrough" "$work/passthrough.log"
+}
+check "writeback_cache=no with $libfuse says '$expected_passthrough...' once" says_passthrough || true
+check "the file reads back through it" timeout 60 cmp "$work/pt-payload" "$pt/pt-file" || true
+# shellcheck disable=SC2016  # the inner shell expands $1
+append() { timeout 10 bash -c 'echo more >>"$1"' _ "$1"; }
+writer_waits_for_reader() {
+    local rc=0 reader
+    exec {reader}<"$pt/pt-file"
+    append "$pt/pt-file" 2>&1 || rc=$?
+    exec {reader}<&-
+    if [ "$expected_passthrough" = "passthrough: on" ]; then
+        [ "$rc" -ne 0 ] || { echo "a writer was let in while the kernel read the file" && return 1; }
+    else
+        [ "$rc" -eq 0 ] || return 1
+    fi
+    append "$pt/pt-file" && timeout 60 cmp -n 1048576 "$work/pt-payload" "$pt/pt-file"
+}
+check "a writer beside a reader: refused with passthrough, let in without; after the reader, let in" \
+    writer_waits_for_reader || true
+timeout 60 umount "$pt" || fail "umount of the writeback_cache=no mount"
+wait_gone "$pt_pid" 60 || fail "the writeback_cache=no mount's daemon (pid $pt_pid) exits after umount"
 
 # --- a mount set up for the removed Python data plane -------------------------------------------
 # fstab lines written while two data planes existed may say engine=python: one clear line, a

@@ -347,3 +347,30 @@ def test_a_closed_file_is_fsynced_without_waiting_for_the_end(
     assert status.returncode == 0, status.stderr
     assert "by reason: release 1" in status.stdout, status.stdout
     assert ft.stop() == 0
+
+
+@pytest.mark.mount
+@needs_engine
+def test_status_says_whether_the_kernel_reads_files_itself(make_mount: MakeMount) -> None:
+    """FUSE passthrough needs libfuse 3.17 and the writeback cache off: status says which, so
+    an operator on Debian 12 knows why a restore runs through the daemon."""
+    from fusethrottle.engine.native import PASSTHROUGH, libfuse_version
+
+    daemon = make_mount(options=["writeback_cache=no"])
+    (daemon.mountpoint / "r.bin").write_bytes(b"x" * 65536)
+    assert (daemon.mountpoint / "r.bin").read_bytes() == b"x" * 65536
+    said = status_json(daemon.mountpoint)["passthrough"]
+    major, minor = (int(p) for p in libfuse_version().split(".")[:2])
+    if (major, minor) < (3, 17):
+        assert said == PASSTHROUGH[0]
+    else:
+        assert said.startswith("on, ") or said in PASSTHROUGH.values(), said
+    assert (
+        "reads: kernel passthrough"
+        in subprocess.run(
+            [FUSETHROTTLE, "status", str(daemon.mountpoint)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )

@@ -25,7 +25,7 @@ from ..metering.meter import (
 )
 
 #: Must match FT_ENGINE_ABI of the library.
-ABI = 10
+ABI = 11
 #: Beside this file: make puts it there in a checkout, setup.py in an installed package.
 LIBRARY = Path(__file__).with_name("libfusethrottle_engine.so")
 LIBRARY_ENV = "FUSETHROTTLE_ENGINE_LIBRARY"
@@ -211,6 +211,8 @@ class _Stats(ctypes.Structure):
         ("fleet_pacing", ctypes.c_uint64),
         ("fleet_waited", ctypes.c_uint64),
         ("fleet_wait_seconds", ctypes.c_double),
+        ("passthrough", ctypes.c_int32),
+        ("passthrough_opens", ctypes.c_uint64),
     )
 
 
@@ -330,6 +332,20 @@ class EngineStats:
     fleet_pacing: int = 0
     fleet_waited: int = 0
     fleet_wait_seconds: float = 0.0
+    #: Reads of files open for reading only served by the kernel (FUSE passthrough): one of
+    #: PASSTHROUGH's keys; and the opens it served.
+    passthrough: int = 0
+    passthrough_opens: int = 0
+
+
+#: ft_engine_stats.passthrough: on, or why off (the engine says it once on stderr too).
+PASSTHROUGH = {
+    0: "off (built against a libfuse before 3.17)",
+    1: "on",
+    2: "off (the kernel lacks it)",
+    3: "off (writeback_cache=no turns it on)",
+    4: "off (no CAP_SYS_ADMIN)",
+}
 
 
 @dataclass(frozen=True)

@@ -192,6 +192,8 @@ def format_status(s: dict[str, Any], now: float | None = None) -> str:
     )
     if s.get("capability_question"):
         lines.append(f"               security.capability asked {s['capability_question']}")
+    if s.get("passthrough"):
+        lines.append(f"               reads: kernel passthrough {s['passthrough']}")
     return "\n".join(lines)
 
 

@@ -63,6 +63,7 @@ int Engine::mount(std::string& error) {
     return -EIO;
   }
   mounted_ = true;
+  passthrough_.attach(fuse_session_fd(session_.get()));
   io_.ask_killpriv_v2 = options_.killpriv_v2;
   io_.buffer_idle_ms = kRequestBufferIdleMs;
   rc = use_session_io(session_.get(), fuse_session_fd(session_.get()));
@@ -319,6 +320,8 @@ void ft_engine_read_stats(ft_engine* engine, ft_engine_stats* out) {
   out->relief_high = e.relief().high();
   out->names_dropped = e.relief().asked();
   out->page_cache_drops = e.kernel_pages().dropped();
+  out->passthrough = static_cast<int32_t>(e.passthrough().state());
+  out->passthrough_opens = e.passthrough().opens();
 }
 
 size_t ft_engine_read_errors(ft_engine* engine, ft_engine_error* out, size_t max) {

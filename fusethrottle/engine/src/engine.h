@@ -16,6 +16,7 @@
 #include "inode.h"
 #include "kernel_pages.h"
 #include "meter.h"
+#include "passthrough.h"
 #include "relief.h"
 #include "session_io.h"
 #include "window.h"
@@ -84,6 +85,7 @@ class Engine {
   Ceilings& ceilings() { return ceilings_; }
   FleetGate& fleet() { return fleet_; }
   const Relief& relief() const { return relief_; }
+  Passthrough& passthrough() { return passthrough_; }
   // A request of *op* moving *nbytes* waits here until the fleet's share and then the local
   // ceilings let it go (a write waits for the tighter of the two).
   void pay(ft_engine_op op, uint64_t nbytes) {
@@ -121,6 +123,7 @@ class Engine {
   Meter meter_;
   Ceilings ceilings_;
   FleetGate fleet_;
+  Passthrough passthrough_;
   struct SessionDeleter {
     void operator()(fuse_session* se) const { fuse_session_destroy(se); }
   };

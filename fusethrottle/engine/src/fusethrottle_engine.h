@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a structure or call below changes: Python refuses a library of another. */
-#define FT_ENGINE_ABI 10
+#define FT_ENGINE_ABI 11
 
 /* The requests the engine serves, in the order of ft_engine_stats.operations (native.py
  * names them as the FUSE operations they are). */
@@ -135,6 +135,11 @@ struct ft_engine_stats {
   uint64_t fleet_pacing;          /* requests waiting out the share's pace now */
   uint64_t fleet_waited;          /* requests that waited for the fleet's share, in all */
   double fleet_wait_seconds;
+  int32_t passthrough;            /* reads of files open for reading only go to the kernel
+                                   * (FUSE passthrough): 1 on; off: 0 built against a libfuse
+                                   * before 3.17, 2 the kernel lacks it, 3 the mount uses the
+                                   * write-back cache, 4 no CAP_SYS_ADMIN */
+  uint64_t passthrough_opens;     /* opens whose reads the kernel served, in all */
 };
 
 /* Error answers of one request kind with one errno (ft_engine_read_errors). */

@@ -26,6 +26,7 @@
 
 #include "call.h"
 #include "caller.h"
+#include "conn_flags.h"
 #include "engine.h"
 #include "handles.h"
 #include "removal.h"
@@ -204,20 +205,17 @@ void set_open_reply(fuse_file_info* fi, int flags, bool bypass) {
 
 void op_init(void* userdata, fuse_conn_info* conn) {
   auto& engine = *static_cast<Engine*>(userdata);
-  bool cache = engine.options().writeback_cache && (conn->capable & FUSE_CAP_WRITEBACK_CACHE);
-  if (cache) {
-    conn->want |= FUSE_CAP_WRITEBACK_CACHE;
-  } else {
-    conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
-  }
+  bool cache = engine.options().writeback_cache && conn_want(conn, FUSE_CAP_WRITEBACK_CACHE);
+  if (!cache) conn_drop(conn, FUSE_CAP_WRITEBACK_CACHE);
   engine.set_writeback_cache(cache);
+  engine.passthrough().init(conn, cache);
   // READDIRPLUS when the kernel sees it pay (a listing followed by lookups), READDIR else.
-  if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
-  if (conn->capable & FUSE_CAP_READDIRPLUS_AUTO) conn->want |= FUSE_CAP_READDIRPLUS_AUTO;
+  conn_want(conn, FUSE_CAP_READDIRPLUS);
+  conn_want(conn, FUSE_CAP_READDIRPLUS_AUTO);
   // The kernel clears set-user-ID bits on write itself (a request as root would keep them).
-  conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;
-  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
-  if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
+  conn_drop(conn, FUSE_CAP_HANDLE_KILLPRIV);
+  conn_want(conn, FUSE_CAP_PARALLEL_DIROPS);
+  conn_want(conn, FUSE_CAP_SPLICE_WRITE);
 }
 
 // --- names ----------------------------------------------------------------------------------
@@ -628,6 +626,11 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   fuse_entry_param entry;
   int err = look_up(engine, parent, name, &entry, Found::kMade);
   if (err) return (void)answer(fuse_reply_err, req, err);
+  Passthrough::Way way;  // a created file's handle counts in the rule too (passthrough.h)
+  if (int refused = engine.passthrough().open(req, entry.ino, fi->flags, fd.get(), fi, &way)) {
+    forget_one(engine, entry.ino, 1);
+    return (void)answer(fuse_reply_err, req, -refused);
+  }
   note_writer(engine.inodes().get(entry.ino), fi->flags);
   auto inode = engine.inodes().share(entry.ino);
   KernelView* view = view_of(engine, *inode);
@@ -638,7 +641,9 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
   fi->fh = hand_over(std::move(file));
+  engine.passthrough().opened(fi->fh, entry.ino, way);
   if (answer(fuse_reply_create, req, &entry, fi) != 0) {
+    engine.passthrough().released(fi->fh);
     take_back<OpenFile>(fi);  // the caller is gone: nobody will release or forget it
     forget_one(engine, entry.ino, 1);
   }
@@ -689,6 +694,11 @@ void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
     this_call().node = 0;  // (not the target's ESTALE: nothing is stale)
     return (void)answer(fuse_reply_err, req, ESTALE);
   }
+  Passthrough::Way way;  // the kernel reads it, or the engine (passthrough.h: the rule)
+  if (int err = engine.passthrough().open(req, node, fi->flags, fd.get(), fi, &way); err != 0) {
+    if (view != nullptr) view->closed();
+    return (void)answer(fuse_reply_err, req, -err);
+  }
   note_writer(inode_of(req, node), fi->flags);
   auto inode = engine.inodes().share(node);
   engine.window().opened(inode);
@@ -697,7 +707,11 @@ void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
   fi->fh = hand_over(std::move(file));
-  if (answer(fuse_reply_open, req, fi) != 0) take_back<OpenFile>(fi);  // the caller is gone
+  engine.passthrough().opened(fi->fh, node, way);
+  if (answer(fuse_reply_open, req, fi) != 0) {  // the caller is gone
+    engine.passthrough().released(fi->fh);
+    take_back<OpenFile>(fi);
+  }
 }
 
 void read_direct(fuse_req_t req, int fd, size_t size, off_t off) {
@@ -908,6 +922,7 @@ void op_flush(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
 void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   // The last close of a dirty file makes it due for a sync, through this descriptor: the
   // window takes it once no handler still uses it (handles.h).
+  engine_of(req).passthrough().released(fi->fh);
   take_back<OpenFile>(fi);
   answer(fuse_reply_err, req, 0);
 }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -135,6 +136,18 @@ ssize_t io_splice(int in, off_t* in_off, int out, off_t* out_off, size_t len, un
   return ::splice(in, in_off, out, out_off, len, flags);
 }
 
+#if FUSE_VERSION >= FUSE_MAKE_VERSION(3, 17)
+// libfuse 3.17 gives a request thread a descriptor of its own (clone_fd) only through custom
+// io's clone_fd: without it every thread would share one. The clone is 3.14's: a new /dev/fuse
+// attached to the session's (FUSE_DEV_IOC_CLONE).
+int io_clone_fd(int master) {
+  Fd fd(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
+  uint32_t session_fd = static_cast<uint32_t>(master);
+  if (!fd || ::ioctl(fd.get(), _IOR(229, 0, uint32_t), &session_fd) != 0) return -1;
+  return fd.release();
+}
+#endif
+
 }  // namespace
 
 PageRange pages_to_give_back(char* buf, size_t touched, size_t keep) {
@@ -168,8 +181,13 @@ bool add_killpriv_v2(struct iovec* iov, int count) {
 
 int use_session_io(fuse_session* se, int fd) {
   // splice both ways too, as libfuse does without custom io (writes land by splice).
+#if FUSE_VERSION >= FUSE_MAKE_VERSION(3, 17)
+  static const fuse_custom_io io = {io_writev, io_read, io_splice, io_splice, io_clone_fd};
+  return fuse_session_custom_io_317(se, &io, sizeof io, fd);
+#else
   static const fuse_custom_io io = {io_writev, io_read, io_splice, io_splice};
   return fuse_session_custom_io(se, &io, fd);
+#endif
 }
 
 }  // namespace ft

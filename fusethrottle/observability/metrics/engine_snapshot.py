@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ...engine.native import EngineStats
+from ...engine.native import PASSTHROUGH, EngineStats
 from ...metering.fleet import FleetStatistics
 from ...metering.meter import UNMETERED, ClassTotals, OpClass
 from ...service.options import Config
@@ -45,6 +45,12 @@ class EngineView:
     guard: GuardFacts | None = None  # guard=: the pressure guard's last decision
     changes: tuple[str, ...] = ()  # settings changed while serving (set, reload), newest last
     schedule: str = ""  # the ceilings' schedule: what applies now ("": no schedule)
+
+
+def passthrough_facts(stats: EngineStats) -> str:
+    """FUSE passthrough: on (and how many opens the kernel served), or why it is off."""
+    said = PASSTHROUGH.get(stats.passthrough, f"off (code {stats.passthrough})")
+    return f"on, {stats.passthrough_opens} open(s) served" if stats.passthrough == 1 else said
 
 
 def capability_question(stats: EngineStats) -> str:
@@ -130,5 +136,6 @@ def engine_snapshot(
         guard=view.guard,
         settings_changed=view.changes,
         schedule=view.schedule,
+        passthrough=passthrough_facts(s),
         **cgroup_facts(placement.cgroup),
     )

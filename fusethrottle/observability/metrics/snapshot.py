@@ -182,6 +182,8 @@ class Snapshot:
     settings_changed: tuple[str, ...] = ()
     #: The ceilings' time-of-day schedule: what applies now ("": no schedule).
     schedule: str = ""
+    #: Whether the kernel reads files opened read-only itself (FUSE passthrough), or why not.
+    passthrough: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the status socket's answer; docs/METRICS.md describes it)."""
