@@ -1133,8 +1133,12 @@ struct Counted<Op, Handler> {
       // The other directory of a rename or link (its new parent).
       if constexpr (Op == FT_OP_RENAME) hold_node(call, 2, std::get<2>(std::tie(args...)));
       if constexpr (Op == FT_OP_LINK) hold_node(call, 2, std::get<1>(std::tie(args...)));
-      // Called at once if the interrupt came first: then nothing is done for it.
+      test_delay_interrupt_registration(Op, req);
+      // Called at once, on this thread, if the interrupt came first: it only marks the call
+      // then, and the request is answered here, once libfuse let go of it (call.h).
+      call.interrupted_early = false;
       fuse_req_interrupt_func(req, on_interrupt, &call);
+      if (call.interrupted_early) interrupted(call, req);
       if (call.unanswered.load() != req) return call.let_go_of_held();
     }
     // Reads and writes pay for their size in their handlers.

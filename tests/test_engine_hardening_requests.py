@@ -1,0 +1,124 @@
+"""The engine's request path where callers die and mounts stop: an interrupt that comes before
+its request registered for it, a lookup whose caller was killed, and what a stop refuses.
+
+Each test is what a user would see: a daemon that survives its callers' SIGKILL, a target file
+that is not held open by the daemon once nothing names it, a call made during a stop that is
+answered at once instead of waiting on a hung target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import MakeMount
+from mount_util import wait_for
+
+from fusethrottle.engine.native import OPERATIONS
+
+pytestmark = pytest.mark.mount
+
+MUTEX_CHECK_SOURCE = Path(__file__).with_name("libfuse_mutex_check.c")
+HANG_GUARD = 60.0  # what a call that should be answered at once may take on a loaded machine
+
+
+def mutex_check_library() -> str:
+    """tests/libfuse_mutex_check.c built (cached under the temporary directory, keyed on its
+    source): preloaded, it ends a daemon whose libfuse destroys a locked mutex."""
+    key = hashlib.sha256(MUTEX_CHECK_SOURCE.read_bytes()).hexdigest()[:16]
+    cache = Path(tempfile.gettempdir()) / f"fusethrottle-mutex-check-{os.getuid()}-{key}"
+    with contextlib.suppress(FileExistsError):
+        cache.mkdir(mode=0o700)
+    info = os.lstat(cache)
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise RuntimeError(f"{cache} is not a private directory of ours: remove it")
+    library = cache / "libfuse_mutex_check.so"
+    if not library.exists():
+        partial = cache / f"check.{os.getpid()}.tmp"
+        command = ["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC"]
+        built = subprocess.run(
+            [*command, "-o", str(partial), str(MUTEX_CHECK_SOURCE), "-ldl"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert built.returncode == 0, built.stderr
+        os.replace(partial, library)
+    return str(library)
+
+
+def waits_on_fuse(pid: int) -> bool:
+    """Is *pid* (a process, or a thread of one) waiting for a FUSE daemon's answer?"""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text() == "request_wait_answer"
+    except OSError:
+        return False
+
+
+def threads_waiting_on_fuse(pid: int) -> int:
+    """How many threads of *pid* wait for a FUSE daemon's answer (the engine's, on its target)."""
+    tasks = Path(f"/proc/{pid}/task")
+    with contextlib.suppress(OSError):
+        return sum(waits_on_fuse(int(task.name)) for task in tasks.iterdir())
+    return 0
+
+
+def held_by(pid: int, directory: Path) -> list[str]:
+    """What the descriptors of *pid* hold under *directory* (a removed file's link ends in
+    " (deleted)")."""
+    held = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith(f"{directory}/"):
+                held.append(target)
+    return held
+
+
+# --- an interrupt read before its request registered for it -------------------------------------
+def test_a_caller_killed_before_its_request_registered_for_the_interrupt_is_answered_once(
+    make_mount: MakeMount,
+) -> None:
+    """A SIGKILLed caller's FUSE_INTERRUPT may be read by another request thread before the
+    request's own thread registered its interrupt callback; libfuse then calls the callback
+    inside the registration, holding the request's lock with no reference of its own. An
+    answer given there freed the request under libfuse (a locked mutex destroyed, then
+    unlocked in freed memory): now the registration only marks it, and the request is answered
+    EINTR after. A test-only switch of the engine delays the registration of the first lookup
+    until its interrupt was read, so the interrupt comes first every time; libfuse's destroy of
+    a locked mutex, which AddressSanitizer cannot see (libfuse is not instrumented), ends the
+    daemon at once (tests/libfuse_mutex_check.c). The caller dies, the daemon serves on."""
+    ft = make_mount(
+        wrapper=[
+            "env",
+            f"LD_PRELOAD={mutex_check_library()}",
+            f"FUSETHROTTLE_TEST_DELAY_INTERRUPT_REGISTRATION={OPERATIONS.index('lookup')}",
+        ]
+    )
+    victim = subprocess.Popen(
+        ["stat", str(ft.mountpoint / "never-seen")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        # Its lookup was read, and waits for its registration (nothing else delays it).
+        assert wait_for(lambda: waits_on_fuse(victim.pid), HANG_GUARD), "the lookup never came"
+        victim.kill()
+        victim.wait(HANG_GUARD)
+    finally:
+        victim.kill()
+        victim.wait()
+    assert victim.returncode == -signal.SIGKILL
+    assert "libfuse_mutex_check" not in ft.log()
+    assert ft.proc.poll() is None, ft.log()
+    # The mount serves on: a lookup, a file made and read back.
+    (ft.mountpoint / "after").write_text("served")
+    assert (ft.mountpoint / "after").read_text() == "served"
+    assert ft.answers()
