@@ -14,11 +14,12 @@ import os
 import signal
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import MakeMount
-from mount_util import wait_for
+from mount_util import Daemon, status_json, wait_for
 
 from fusethrottle.engine.native import OPERATIONS
 
@@ -121,4 +122,75 @@ def test_a_caller_killed_before_its_request_registered_for_the_interrupt_is_answ
     # The mount serves on: a lookup, a file made and read back.
     (ft.mountpoint / "after").write_text("served")
     assert (ft.mountpoint / "after").read_text() == "served"
+    assert ft.answers()
+
+
+# --- a lookup whose caller was killed ------------------------------------------------------------
+CALLERS = 4
+SLOW = 3.0  # seconds each call into the target takes while it is slow
+
+
+def test_a_lookup_whose_caller_was_killed_holds_nothing_of_its_file(
+    make_memfs: Callable[..., tuple[Daemon, Path]],
+    make_mount: MakeMount,
+    workdir: Path,
+) -> None:
+    """Callers killed while their lookups wait on a slow target are answered EINTR at once;
+    each lookup, done later, was counted, but the kernel never got its entry, so no FORGET
+    would ever come for it. The count is undone: once the names are removed (on the target,
+    as by another client) the daemon holds none of their files (on NFS a held removed file
+    stays on the server as .nfsXXXX until the unmount)."""
+    switch = workdir / "slow-now"
+    target, _ = make_memfs("target", slow_all_while=(switch, SLOW))
+    # A directory each: the kernel takes one lookup at a time in a directory.
+    names = [Path(f"dir-{i}") / "name" for i in range(CALLERS)]
+    for name in names:
+        (target.mountpoint / name.parent).mkdir()
+        (target.mountpoint / name).write_text(str(name))
+    # Entries and attributes kept for an hour: a stat of a name asks for its lookup only.
+    ft = make_mount(source=target.mountpoint, options=["attr_timeout=1h"])
+    for name in names:
+        assert (ft.mountpoint / name.parent).is_dir()
+
+    def lookups_done() -> int:
+        """Requests that read metadata and were done (lookups, stats)."""
+        return int(status_json(ft.mountpoint)["meter"]["meta_read"]["ops"])
+
+    before = lookups_done()
+    switch.touch()
+    victims = [
+        subprocess.Popen(
+            ["stat", str(ft.mountpoint / name)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for name in names
+    ]
+    try:
+        # Every lookup was read and waits on the target in a request thread of the engine.
+        assert wait_for(lambda: threads_waiting_on_fuse(ft.pid) >= CALLERS, HANG_GUARD), (
+            f"{threads_waiting_on_fuse(ft.pid)} lookups on the target"
+        )
+        assert all(victim.poll() is None for victim in victims)
+        for victim in victims:
+            victim.kill()
+        for victim in victims:
+            victim.wait(HANG_GUARD)  # answered at once: the target still has their lookups
+    finally:
+        switch.unlink(missing_ok=True)
+        for victim in victims:
+            victim.kill()
+            victim.wait()
+    assert all(victim.returncode == -signal.SIGKILL for victim in victims)
+
+    def held() -> list[str]:
+        files = [str(target.mountpoint / name) for name in names]
+        return [link for link in held_by(ft.pid, target.mountpoint) if link.split(" ")[0] in files]
+
+    # The lookups end on the target within SLOW seconds (the meter counts each once done).
+    assert wait_for(lambda: lookups_done() >= before + CALLERS, HANG_GUARD), lookups_done()
+    for name in names:
+        (target.mountpoint / name).unlink()
+    assert held() == []
     assert ft.answers()

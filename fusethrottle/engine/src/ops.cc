@@ -128,6 +128,22 @@ int look_up(Engine& engine, fuse_ino_t parent, const char* name, fuse_entry_para
   return 0;
 }
 
+void forget_one(Engine& engine, fuse_ino_t node, uint64_t n);
+
+// Every answer that hands the kernel an entry (LOOKUP, MKNOD, MKDIR, SYMLINK, LINK: *reply*
+// fuse_reply_entry; CREATE: fuse_reply_create) goes through here. look_up counted the lookup
+// the entry hands over; an answer that did not reach the kernel (the interrupt answered the
+// caller EINTR first, or the kernel gave the request up) handed it nothing, so no FORGET will
+// ever come for it: the count is undone, or the file's inode and descriptor stayed until the
+// unmount. False then.
+template <typename Reply, typename... Args>
+bool answer_entry(Reply reply, fuse_req_t req, const fuse_entry_param& entry, Args... args) {
+  Engine& engine = engine_of(req);
+  if (answer(reply, req, &entry, args...) == 0) return true;
+  forget_one(engine, entry.ino, 1);
+  return false;
+}
+
 void reply_entry_of(fuse_req_t req, fuse_ino_t parent, const char* name,
                     Found found = Found::kLookedUp) {
   fuse_entry_param entry;
@@ -135,7 +151,7 @@ void reply_entry_of(fuse_req_t req, fuse_ino_t parent, const char* name,
   if (err) {
     answer(fuse_reply_err, req, err);
   } else {
-    answer(fuse_reply_entry, req, &entry);
+    answer_entry(fuse_reply_entry, req, entry);
   }
 }
 
@@ -638,9 +654,8 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
   fi->fh = hand_over(std::move(file));
-  if (answer(fuse_reply_create, req, &entry, fi) != 0) {
-    take_back<OpenFile>(fi);  // the caller is gone: nobody will release or forget it
-    forget_one(engine, entry.ino, 1);
+  if (!answer_entry(fuse_reply_create, req, entry, fi)) {
+    take_back<OpenFile>(fi);  // the caller is gone: nobody will release it
   }
 }
 
