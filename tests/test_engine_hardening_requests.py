@@ -9,11 +9,16 @@ answered at once instead of waiting on a hung target.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
 import os
+import platform
 import signal
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -194,3 +199,107 @@ def test_a_lookup_whose_caller_was_killed_holds_nothing_of_its_file(
         (target.mountpoint / name).unlink()
     assert held() == []
     assert ft.answers()
+
+
+# --- what a stop refuses -------------------------------------------------------------------------
+def _call_in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    """Run *call* on a thread (it may wait on a hung target until the test thaws it): its
+    result, or the OSError it raised, lands in the list."""
+    result: list[object] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except OSError as err:
+            result.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+_GETDENTS64 = {"x86_64": 217, "aarch64": 61}.get(platform.machine())
+
+
+def getdents(fd: int) -> int:
+    """One getdents64 on *fd* (what a listing's readdir does, without the fstat of
+    fdopendir): the bytes of entries read."""
+    if _GETDENTS64 is None:
+        pytest.skip(f"getdents64's number on {platform.machine()} is not known here")
+    libc = ctypes.CDLL(None, use_errno=True)
+    buffer = ctypes.create_string_buffer(65536)
+    n = libc.syscall(_GETDENTS64, fd, buffer, len(buffer))
+    if n < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return int(n)
+
+
+def test_a_stop_answers_every_new_request_at_once_while_the_target_hangs(
+    make_memfs: Callable[..., tuple[Daemon, Path]],
+    make_mount: MakeMount,
+    workdir: Path,
+) -> None:
+    """Once a stop has begun (SIGTERM) nothing new is taken: every request but the kernel's
+    write-back of its cache and the closing of open files is answered ENOTCONN by the engine
+    alone. A read, an extended attribute, a listing and an O_DIRECT write through descriptors
+    opened before (with the writeback cache on, which those calls pass by) were still sent to
+    the target, where they waited for as long as it hung (the stop itself waits there for the
+    write-back of a dirty file). Once the target is back the stop writes that file and ends."""
+    backing = workdir / "backing"
+    (backing / "ok").mkdir(parents=True)
+    (backing / "hung").mkdir()
+    frozen, _ = make_memfs("backing/hung")
+    (frozen.mountpoint / "file").write_bytes(b"r" * 8192)
+    (frozen.mountpoint / "dir").mkdir()
+    (frozen.mountpoint / "dir" / "entry").write_text("listed")
+    ft = make_mount(source=backing, name="top", options=["unmount_timeout=10m"])
+    hung = ft.mountpoint / "hung"
+    reader = os.open(hung / "file", os.O_RDONLY | os.O_DIRECT)
+    lister = os.open(hung / "dir", os.O_RDONLY | os.O_DIRECTORY)
+    direct = os.open(hung / "direct", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    dirty = os.open(hung / "dirty", os.O_WRONLY | os.O_CREAT, 0o644)
+    block = bytearray(4096)
+    threads: list[threading.Thread] = []
+    try:
+        os.write(dirty, b"d" * 4096)  # into the kernel's cache: the stop writes it back
+        frozen.freeze()
+        ft.signal(signal.SIGTERM)
+
+        def closing() -> bool:
+            try:
+                os.stat(ft.mountpoint / "ok")  # the stop expired its attributes: asked again
+            except OSError as err:
+                assert err.errno == errno.ENOTCONN, err
+                return True
+            return False
+
+        assert wait_for(closing, HANG_GUARD), "the stop never began"
+        calls: dict[str, Callable[[], object]] = {
+            "read": lambda: os.preadv(reader, [block], 0),
+            "getxattr": lambda: os.getxattr(reader, "security.fusethrottle-test"),
+            "listing": lambda: getdents(lister),
+            "O_DIRECT write": lambda: os.pwrite(direct, bytes(4096), 0),
+        }
+        started = {name: _call_in_thread(call) for name, call in calls.items()}
+        threads = [thread for thread, _ in started.values()]
+        results = {}
+        deadline = time.monotonic() + HANG_GUARD  # one guard for all: they wait at once
+        for name, (thread, result) in started.items():
+            thread.join(max(0.0, deadline - time.monotonic()))
+            results[name] = result[0] if result else "still waiting on the hung target"
+        answered = {
+            name: isinstance(got, OSError) and got.errno == errno.ENOTCONN
+            for name, got in results.items()
+        }
+        assert all(answered.values()), results
+    finally:
+        frozen.signal(signal.SIGCONT)
+        frozen.stopped = False
+        for thread in threads:
+            thread.join(HANG_GUARD)
+        for fd in (reader, lister, direct, dirty):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    assert ft.wait(HANG_GUARD) == 0, ft.log()
+    assert (frozen.mountpoint / "dirty").read_bytes() == b"d" * 4096
