@@ -101,11 +101,12 @@ def test_a_caller_killed_before_its_request_registered_for_the_interrupt_is_answ
     a locked mutex, which AddressSanitizer cannot see (libfuse is not instrumented), ends the
     daemon at once (tests/libfuse_mutex_check.c). The caller dies, the daemon serves on."""
     ft = make_mount(
+        options=["attr_timeout=1h"],  # the root's attributes kept: the stat's one request
         wrapper=[
             "env",
             f"LD_PRELOAD={mutex_check_library()}",
             f"FUSETHROTTLE_TEST_DELAY_INTERRUPT_REGISTRATION={OPERATIONS.index('lookup')}",
-        ]
+        ],
     )
     victim = subprocess.Popen(
         ["stat", str(ft.mountpoint / "never-seen")],
@@ -114,15 +115,22 @@ def test_a_caller_killed_before_its_request_registered_for_the_interrupt_is_answ
         start_new_session=True,
     )
     try:
-        # Its lookup was read, and waits for its registration (nothing else delays it).
-        assert wait_for(lambda: waits_on_fuse(victim.pid), HANG_GUARD), "the lookup never came"
+        # Its lookup was read, and waits for its registration (the engine says so).
+        waits = "waits for its interrupt"
+        assert wait_for(lambda: waits in ft.log(), HANG_GUARD), "the lookup never came"
         victim.kill()
         victim.wait(HANG_GUARD)
     finally:
         victim.kill()
         victim.wait()
     assert victim.returncode == -signal.SIGKILL
+    # (The engine says so: the lookup delayed was the caller's, and its interrupt came first.)
+    said = "registered for its interrupt after it was read"
+    assert wait_for(lambda: said in ft.log() or "libfuse_mutex_check" in ft.log(), HANG_GUARD), (
+        ft.log()
+    )
     assert "libfuse_mutex_check" not in ft.log()
+    assert said in ft.log()
     assert ft.proc.poll() is None, ft.log()
     # The mount serves on: a lookup, a file made and read back.
     (ft.mountpoint / "after").write_text("served")

@@ -69,9 +69,14 @@ void test_delay_interrupt_registration(ft_engine_op op, fuse_req_t req) {
   }();
   static std::atomic<bool> done{false};
   if (op != delayed || done.exchange(true)) return;
-  for (int waited_ms = 0; waited_ms < 30000 && fuse_req_interrupted(req) == 0; waited_ms++) {
+  std::fprintf(stderr, "fusethrottle engine: test: request kind %d waits for its interrupt\n",
+               static_cast<int>(op));
+  int waited_ms = 0;
+  for (; waited_ms < 30000 && fuse_req_interrupted(req) == 0; waited_ms++) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  std::fprintf(stderr, "fusethrottle engine: test: request kind %d registered for its interrupt %s\n",
+               static_cast<int>(op), waited_ms < 30000 ? "after it was read" : "after 30 s without one");
 }
 
 }  // namespace ft

@@ -98,7 +98,8 @@ void interrupted(Call& call, fuse_req_t req);
 // Test only, inert unless FUSETHROTTLE_TEST_DELAY_INTERRUPT_REGISTRATION names a request kind
 // (its ft_engine_op number; read once): the first request of that kind registers its interrupt
 // callback only once the kernel's interrupt of it was read (or after 30 s), so that a test can
-// have the interrupt come first every time instead of once in a long while.
+// have the interrupt come first every time instead of once in a long while. It says on stderr
+// when it starts waiting (the test kills the caller then) and how it ended.
 void test_delay_interrupt_registration(ft_engine_op op, fuse_req_t req);
 
 }  // namespace ft
