@@ -4,7 +4,9 @@
 // The kernel holds a caller whose request the daemon has read until the daemon answers it,
 // through SIGKILL; on NFS directly such a caller dies (NFS waits killable). So an interrupted
 // request is answered EINTR at once by the thread that reads the INTERRUPT, while the handler
-// still waits on the target; the handler's own answer, when its call returns, is dropped. The
+// still waits on the target (or, when the INTERRUPT was read before the request registered for
+// it, by the request's own thread once the registration returned, before the handler runs);
+// the handler's own answer, when its call returns, is dropped. The
 // handler must then not touch the request at all (libfuse frees it with the answer): every
 // answer goes through answer(), and what a handler needs of its request (the engine, the
 // caller) is read here before it starts, and what it works on is held (see Call::held): once
@@ -18,6 +20,8 @@
 #include <memory>
 #include <type_traits>
 #include <utility>
+
+#include "fusethrottle_engine.h"
 
 namespace ft {
 
@@ -47,6 +51,12 @@ struct Call {
   }
   // True for the one caller who may answer *req*.
   bool claim(fuse_req_t req) { return unanswered.compare_exchange_strong(req, nullptr); }
+  // The interrupt was read before its callback was registered: libfuse then calls the callback
+  // at once, on this thread, inside fuse_req_interrupt_func, holding the request's lock and no
+  // reference of its own: an answer there frees the request under libfuse, which then unlocks
+  // a mutex in freed memory. The callback only sets this; the request's thread answers once the
+  // registration returned (see interrupted). Only this thread reads or writes it.
+  bool interrupted_early = false;
 };
 
 // This thread's call (one request at a time per thread; kept for the thread's life, so a late
@@ -76,7 +86,20 @@ inline void moved(uint64_t n) { this_call().bytes = n; }
 
 // libfuse's interrupt callback: answers EINTR if the caller is dying (SIGKILL pending: the
 // kernel turns every fatal signal into one) and the handler has not answered yet. A caller
-// that is not dying waits, as on NFS, whose waits only fatal signals end.
+// that is not dying waits, as on NFS, whose waits only fatal signals end. Called on the
+// request's own thread (the interrupt came first), it only marks the call (interrupted_early).
 void on_interrupt(fuse_req_t req, void* call);
+
+// The request's thread, once the registration of *req*'s callback returned with the call marked
+// interrupted_early: *req* is answered EINTR if its caller is dying (the handler must not run
+// then), and goes on as any other request if not.
+void interrupted(Call& call, fuse_req_t req);
+
+// Test only, inert unless FUSETHROTTLE_TEST_DELAY_INTERRUPT_REGISTRATION names a request kind
+// (its ft_engine_op number; read once): the first request of that kind registers its interrupt
+// callback only once the kernel's interrupt of it was read (or after 30 s), so that a test can
+// have the interrupt come first every time instead of once in a long while. It says on stderr
+// when it starts waiting (the test kills the caller then) and how it ended.
+void test_delay_interrupt_registration(ft_engine_op op, fuse_req_t req);
 
 }  // namespace ft

@@ -38,14 +38,6 @@ namespace {
 Engine& engine_of(fuse_req_t) { return *this_call().engine; }
 Inode& inode_of(fuse_req_t req, fuse_ino_t node) { return engine_of(req).inodes().get(node); }
 
-// Once the mount is closing, nothing new is taken (Engine::close_the_cache): true when *req*
-// was answered so.
-bool refused(fuse_req_t req) {
-  if (!engine_of(req).closing()) return false;
-  answer(fuse_reply_err, req, ENOTCONN);
-  return true;
-}
-
 // A request for a file let go of before its name was removed (removal.h): answered as for a
 // removed file, never through the placeholder its descriptor's number points at. *use* holds
 // the file from the check to the end of the call.
@@ -129,6 +121,22 @@ int look_up(Engine& engine, fuse_ino_t parent, const char* name, fuse_entry_para
   return 0;
 }
 
+void forget_one(Engine& engine, fuse_ino_t node, uint64_t n);
+
+// Every answer that hands the kernel an entry (LOOKUP, MKNOD, MKDIR, SYMLINK, LINK: *reply*
+// fuse_reply_entry; CREATE: fuse_reply_create) goes through here. look_up counted the lookup
+// the entry hands over; an answer that did not reach the kernel (the interrupt answered the
+// caller EINTR first, or the kernel gave the request up) handed it nothing, so no FORGET will
+// ever come for it: the count is undone, or the file's inode and descriptor stayed until the
+// unmount. False then.
+template <typename Reply, typename... Args>
+bool answer_entry(Reply reply, fuse_req_t req, const fuse_entry_param& entry, Args... args) {
+  Engine& engine = engine_of(req);
+  if (answer(reply, req, &entry, args...) == 0) return true;
+  forget_one(engine, entry.ino, 1);
+  return false;
+}
+
 void reply_entry_of(fuse_req_t req, fuse_ino_t parent, const char* name,
                     Found found = Found::kLookedUp) {
   fuse_entry_param entry;
@@ -136,7 +144,7 @@ void reply_entry_of(fuse_req_t req, fuse_ino_t parent, const char* name,
   if (err) {
     answer(fuse_reply_err, req, err);
   } else {
-    answer(fuse_reply_entry, req, &entry);
+    answer_entry(fuse_reply_entry, req, entry);
   }
 }
 
@@ -221,7 +229,6 @@ void op_init(void* userdata, fuse_conn_info* conn) {
 // --- names ----------------------------------------------------------------------------------
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  if (refused(req)) return;
   become_caller();
   reply_entry_of(req, parent, name);
 }
@@ -245,14 +252,12 @@ void op_forget_multi(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
 }
 
 void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
-  if (refused(req)) return;
   become_caller();
   if (::mkdirat(inode_of(req, parent).fd(), name, mode) != 0) return (void)answer(fuse_reply_err, req, failed());
   reply_entry_of(req, parent, name, Found::kMade);
 }
 
 void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
-  if (refused(req)) return;
   become_caller();
   if (::mknodat(inode_of(req, parent).fd(), name, mode, rdev) != 0)
     return (void)answer(fuse_reply_err, req, failed());
@@ -260,7 +265,6 @@ void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
 }
 
 void op_symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
-  if (refused(req)) return;
   become_caller();
   if (::symlinkat(link, inode_of(req, parent).fd(), name) != 0)
     return (void)answer(fuse_reply_err, req, failed());
@@ -268,7 +272,6 @@ void op_symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char*
 }
 
 void op_link(fuse_req_t req, fuse_ino_t node, fuse_ino_t newparent, const char* newname) {
-  if (refused(req)) return;
   become_caller();
   Using use(engine_of(req).inodes().share(node));
   if (let_go_of(req, use)) return;
@@ -280,7 +283,6 @@ void op_link(fuse_req_t req, fuse_ino_t node, fuse_ino_t newparent, const char* 
 }
 
 void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  if (refused(req)) return;
   become_caller();
   int dir = inode_of(req, parent).fd();
   LetGo held(engine_of(req), dir, name);
@@ -312,7 +314,6 @@ bool only_removed_while_open(int parent, const char* name) {
 }
 
 void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  if (refused(req)) return;
   become_caller();
   int dir = inode_of(req, parent).fd();
   int err = ::unlinkat(dir, name, AT_REMOVEDIR) == 0 ? 0 : failed();
@@ -334,7 +335,6 @@ void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
 
 void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
                const char* newname, unsigned int flags) {
-  if (refused(req)) return;
   become_caller();
   int from = inode_of(req, parent).fd();
   int to = inode_of(req, newparent).fd();
@@ -351,7 +351,6 @@ void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t n
 // --- attributes -------------------------------------------------------------------------------
 
 void op_getattr(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
-  if (refused(req)) return;
   become_caller();
   struct stat st {};
   int err = fi != nullptr ? (::fstat(borrow<OpenFile>(fi).fd.get(), &st) == 0 ? 0 : failed())
@@ -464,7 +463,6 @@ int kernels_part(int fd, struct stat* st) {
 }
 
 void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, fuse_file_info* fi) {
-  if (refused(req)) return;
   become_caller();
   Inode& inode = inode_of(req, node);
   Using use(inode.shared_from_this());  // (with a handle, only the handle's descriptor is used)
@@ -551,7 +549,6 @@ void op_statfs(fuse_req_t req, fuse_ino_t node) {
 
 void op_setxattr(fuse_req_t req, fuse_ino_t node, const char* name, const char* value, size_t size,
                  int flags) {
-  if (refused(req)) return;
   become_caller();
   Inode& inode = inode_of(req, node);
   Using use(inode.shared_from_this());
@@ -601,7 +598,6 @@ void op_listxattr(fuse_req_t req, fuse_ino_t node, size_t size) {
 }
 
 void op_removexattr(fuse_req_t req, fuse_ino_t node, const char* name) {
-  if (refused(req)) return;
   become_caller();
   Inode& inode = inode_of(req, node);
   Using use(inode.shared_from_this());
@@ -614,7 +610,6 @@ void op_removexattr(fuse_req_t req, fuse_ino_t node, const char* name) {
 // --- files ----------------------------------------------------------------------------------
 
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
-  if (refused(req)) return;
   become_caller();
   Engine& engine = engine_of(req);
   int dir = inode_of(req, parent).fd();
@@ -642,10 +637,9 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   set_open_reply(fi, fi->flags, bypass);
   fi->fh = hand_over(std::move(file));
   engine.passthrough().opened(fi->fh, entry.ino, way);
-  if (answer(fuse_reply_create, req, &entry, fi) != 0) {
+  if (!answer_entry(fuse_reply_create, req, entry, fi)) {
     engine.passthrough().released(fi->fh);
-    take_back<OpenFile>(fi);  // the caller is gone: nobody will release or forget it
-    forget_one(engine, entry.ino, 1);
+    take_back<OpenFile>(fi);  // the caller is gone: nobody will release it
   }
 }
 
@@ -667,7 +661,6 @@ bool changed_elsewhere(Window& window, Inode& inode, KernelView& view, int fd, i
 }
 
 void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
-  if (refused(req)) return;
   become_caller();
   Engine& engine = engine_of(req);
   Using use(engine_of(req).inodes().share(node));
@@ -846,13 +839,12 @@ int report_pending(Window& window, Inode& inode, int fd) {
 
 void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, fuse_file_info* fi) {
   Engine& engine = engine_of(req);
-  // Without the writeback cache a write is the caller's own: refused once closing, and told
-  // of a failed injected sync of its file. With it, and for a shared mapping's pages either
-  // way (fi->writepage), it is the kernel writing back pages already acknowledged: always
-  // taken (an error would drop them; the stop's own write-back sends them), the error goes
-  // to fsync and close.
-  if (!engine.writeback_cache() && !fi->writepage) {
-    if (refused(req)) return;
+  // A caller's own write (every write without the writeback cache; with it, those that pass
+  // it by: O_DIRECT, a handle opened past the cache) is told of a failed injected sync of its
+  // file. The kernel's write-back of its cache (fi->writepage: the writeback cache's pages and
+  // a shared mapping's) writes pages already acknowledged: always taken (an error would drop
+  // them; the stop's own write-back sends them, see Counted), the error goes to fsync and close.
+  if (!fi->writepage) {
     int pending = report_pending(engine.window(), inode_of(req, node), borrow<OpenFile>(fi).fd.get());
     if (pending != 0) return (void)answer(fuse_reply_err, req, pending);
   }
@@ -953,7 +945,6 @@ void op_fsync(fuse_req_t req, fuse_ino_t node, int datasync, fuse_file_info* fi)
 
 void op_fallocate(fuse_req_t req, fuse_ino_t node, int mode, off_t off, off_t length,
                   fuse_file_info* fi) {
-  if (refused(req)) return;
   become_caller();
   int err;
   {
@@ -970,7 +961,6 @@ void op_fallocate(fuse_req_t req, fuse_ino_t node, int mode, off_t off, off_t le
 // --- directories ------------------------------------------------------------------------------
 
 void op_opendir(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
-  if (refused(req)) return;
   become_caller();
   // Through /proc: "." would need search permission on the directory, which reading its
   // entries does not (a directory of mode 0600 lists for its owner).
@@ -1123,6 +1113,14 @@ struct Counted<Op, Handler> {
   // written_back).
   static constexpr bool kInterruptible =
       Op != FT_OP_FORGET && Op != FT_OP_RELEASE && Op != FT_OP_RELEASEDIR;
+  // Once the mount is closing (Engine::close_the_cache) nothing new is taken, decided here
+  // for every request: each is answered ENOTCONN, from the engine alone (no call to the
+  // target, which may hang), but the closing of what is open or known (flush, fsync, release,
+  // forget), which callers and the kernel must still get through, and the kernel's write-back
+  // of its cache (written_back), which the stop's own write-back sends.
+  static constexpr bool kClosing = Op == FT_OP_FORGET || Op == FT_OP_FLUSH || Op == FT_OP_FSYNC ||
+                                   Op == FT_OP_RELEASE || Op == FT_OP_RELEASEDIR ||
+                                   Op == FT_OP_FSYNCDIR;
   // The opens' file_info carries no handle yet: their handlers make it.
   static constexpr bool kOnHandle =
       Op != FT_OP_OPEN && Op != FT_OP_CREATE && Op != FT_OP_OPENDIR;
@@ -1140,16 +1138,25 @@ struct Counted<Op, Handler> {
     call.error = 0;
     if constexpr (Op != FT_OP_FORGET) (first_node(call.node, args), ...);
     call.engine->count(Op);
-    bool interruptible = kInterruptible;
-    if constexpr (Op == FT_OP_WRITE) interruptible = !(written_back(args) || ...);
-    if (interruptible) {
+    bool kernels_write_back = false;
+    if constexpr (Op == FT_OP_WRITE) kernels_write_back = (written_back(args) || ...);
+    if (!kClosing && !kernels_write_back && call.engine->closing()) {
+      answer(fuse_reply_err, req, ENOTCONN);
+      call.engine->meter().record(Op, 0, call.error);
+      return;
+    }
+    if (kInterruptible && !kernels_write_back) {
       if constexpr (kOnHandle) (hold_handle(call, args), ...);
       hold_node(call, 1, call.node);
       // The other directory of a rename or link (its new parent).
       if constexpr (Op == FT_OP_RENAME) hold_node(call, 2, std::get<2>(std::tie(args...)));
       if constexpr (Op == FT_OP_LINK) hold_node(call, 2, std::get<1>(std::tie(args...)));
-      // Called at once if the interrupt came first: then nothing is done for it.
+      test_delay_interrupt_registration(Op, req);
+      // Called at once, on this thread, if the interrupt came first: it only marks the call
+      // then, and the request is answered here, once libfuse let go of it (call.h).
+      call.interrupted_early = false;
       fuse_req_interrupt_func(req, on_interrupt, &call);
+      if (call.interrupted_early) interrupted(call, req);
       if (call.unanswered.load() != req) return call.let_go_of_held();
     }
     // Reads and writes pay for their size in their handlers.
@@ -1166,7 +1173,7 @@ struct Counted<Op, Handler> {
     stop_being_caller();
     // An interrupted request's handler, done now: the last holder of a released handle lets
     // the window have its descriptor (handles.h).
-    if (interruptible) call.let_go_of_held();
+    if (kInterruptible && !kernels_write_back) call.let_go_of_held();
   }
 };
 

@@ -4,6 +4,7 @@
 #include <sys/ioctl.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 
 namespace ft {
@@ -26,6 +27,21 @@ const char* reason(PassthroughState state) {
   }
   return "off";
 }
+
+#if FUSE_VERSION >= FUSE_MAKE_VERSION(3, 17)
+// FUSE_DEV_IOC_BACKING_OPEN on the session's device, as fuse_passthrough_open makes it but
+// without the request: libfuse's reads the session through *req*, which an interrupt that
+// answered the caller meanwhile has freed (call.h). The backing id, or -1 and errno.
+int backing_open(int session_fd, int fd) {
+  struct {
+    int32_t fd;
+    uint32_t flags;
+    uint64_t padding;
+  } map{fd, 0, 0};
+  static_assert(sizeof(map) == 16, "struct fuse_backing_map");
+  return ::ioctl(session_fd, _IOW(229, 1, decltype(map)), &map);
+}
+#endif
 
 void say(PassthroughState state) {
   std::fprintf(stderr, "fusethrottle engine: passthrough: %s\n", reason(state));
@@ -61,7 +77,7 @@ int Passthrough::open([[maybe_unused]] fuse_req_t req, fuse_ino_t node, [[maybe_
   if ((flags & O_ACCMODE) == O_RDONLY && files_[node].engine == 0) {
     File& f = files_[node];
     if (f.kernel == 0) {
-      int id = fuse_passthrough_open(req, fd);
+      int id = backing_open(session_fd_, fd);
       if (id <= 0) {
         // Refused (EPERM without CAP_SYS_ADMIN): the engine reads, now and from now on.
         PassthroughState was = PassthroughState::kOn;
