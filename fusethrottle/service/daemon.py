@@ -513,12 +513,12 @@ class Daemon:
             except OSError as err:
                 log.error("cannot write back the kernel's cache: %s", err)
                 self.exit_code = 1
-        await trio.to_thread.run_sync(self.engine.close_the_cache)
+        await self._engine_call(self.engine.close_the_cache, deadline)
         try:
             if fd is not None:
                 with trio.move_on_at(deadline):
                     await self._write_back(fd)
-            await trio.to_thread.run_sync(self.engine.stop)
+            await self._engine_call(self.engine.stop, deadline)
             if fd is not None:
                 # The loop notices the stop when it takes its next request: this one (the
                 # attributes were expired, so the kernel must ask; the answer is ENOTCONN, from
@@ -529,6 +529,18 @@ class Daemon:
             if fd is not None:
                 os.close(fd)
         await self._end_the_loop(deadline)
+
+    async def _engine_call(self, call: Callable[[], None], deadline: float) -> None:
+        """A call of the engine's on the stop path, bounded: past *deadline* (at least
+        LOOP_END_GRACE from now) its thread is left, as serve()'s is, and the engine is not
+        freed. A notification the kernel holds behind a request thread the target holds (an
+        attribute's or a page's drop) returns only once the connection is aborted, which comes
+        after it (_end_the_loop)."""
+        with trio.move_on_at(max(deadline, trio.current_time() + LOOP_END_GRACE)):
+            await run_sync_abandoning(call)
+            return
+        log.info("the engine's %s is held by the target: left to its thread", call.__name__)
+        self.abandoned = True
 
     def _say_stopping(self) -> None:
         """Tell systemd, once, that the daemon stops (its final syncs follow, not a crash)."""
