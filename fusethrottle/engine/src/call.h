@@ -79,4 +79,8 @@ inline void moved(uint64_t n) { this_call().bytes = n; }
 // that is not dying waits, as on NFS, whose waits only fatal signals end.
 void on_interrupt(fuse_req_t req, void* call);
 
+// After fuse_req_interrupt_func: answers EINTR, and says so, if the interrupt came before it
+// and the caller is dying (on_interrupt leaves that case to the request's own thread).
+bool answer_if_interrupted(fuse_req_t req);
+
 }  // namespace ft

@@ -1111,8 +1111,9 @@ struct Counted<Op, Handler> {
       // The other directory of a rename or link (its new parent).
       if constexpr (Op == FT_OP_RENAME) hold_node(call, 2, std::get<2>(std::tie(args...)));
       if constexpr (Op == FT_OP_LINK) hold_node(call, 2, std::get<1>(std::tie(args...)));
-      // Called at once if the interrupt came first: then nothing is done for it.
+      // If the interrupt came first, answer_if_interrupted answered it: then nothing is done.
       fuse_req_interrupt_func(req, on_interrupt, &call);
+      answer_if_interrupted(req);
       if (call.unanswered.load() != req) return call.let_go_of_held();
     }
     // Reads and writes pay for their size in their handlers.
