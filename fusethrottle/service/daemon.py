@@ -238,6 +238,8 @@ class Daemon:
         #: be neither joined nor freed, the process exits around them.
         self.abandoned = False
         self._stopping = False
+        #: The stop's stat of the mount went unanswered (see stop).
+        self._poke_left = False
         self._said_stopping = False
         self.controller = make_controller(self.config)
         self.kernel_cache = KernelCache(
@@ -292,6 +294,8 @@ class Daemon:
             log.error("the engine's request loop failed: %s", os.strerror(-rc))
             self.exit_code = 1
         await self._sync_everything()
+        if self._poke_left:
+            self._abort()  # nothing is left to serve: the kernel fails the stat instead
         return self.exit_code
 
     async def _sync_everything(self) -> None:
@@ -523,8 +527,11 @@ class Daemon:
                 # The loop notices the stop when it takes its next request: this one (the
                 # attributes were expired, so the kernel must ask; the answer is ENOTCONN, from
                 # the engine alone: no call to the target, so it cannot hang this thread).
-                with trio.move_on_after(LOOP_END_GRACE):
+                with trio.move_on_after(LOOP_END_GRACE) as poking:
                     await run_sync_abandoning(_poke, fd)
+                # Left unanswered (the loop ended before any thread read it): its thread
+                # waits on this process's own connection, and would keep it from exiting.
+                self._poke_left = poking.cancelled_caught
         finally:
             if fd is not None:
                 os.close(fd)
