@@ -533,7 +533,9 @@ class Daemon:
                 # waits on this process's own connection, and would keep it from exiting.
                 self._poke_left = poking.cancelled_caught
         finally:
-            if fd is not None:
+            # Not under a stat left to its thread: the number could name another file by the
+            # time it runs (it is closed with the process).
+            if fd is not None and not self._poke_left:
                 os.close(fd)
         await self._end_the_loop(deadline)
 
