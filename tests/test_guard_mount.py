@@ -87,12 +87,12 @@ def test_a_stalled_workload_holds_the_backup_to_guard_min_and_a_calm_one_lets_it
     pressure.share = 0.5
     first = daemon.mountpoint / "warm-up.bin"
     deadline = time.monotonic() + 60
-    while guard_of(daemon.mountpoint)["state"] != "holding":
-        assert time.monotonic() < deadline, guard_of(daemon.mountpoint)
+    # Each second of stall halves the backup's rate, down to guard_min: write until it is there.
+    while (guard := guard_of(daemon.mountpoint))["limit"] != floor:
+        assert time.monotonic() < deadline, guard
         with first.open("ab") as f:
             f.write(b"\0" * (4 * MiB))
-    guard = guard_of(daemon.mountpoint)
-    assert guard["limit"] == floor, guard
+    assert guard["state"] == "holding", guard
     # While held, the target receives no more than guard_min allows (as the ceilings' test
     # bounds it: the bound grows with the time passed, a slow machine only loosens it).
     burst = max(floor * BURST_SECONDS, MiB)

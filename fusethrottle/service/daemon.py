@@ -270,6 +270,8 @@ class Daemon:
         #: be neither joined nor freed, the process exits around them.
         self.abandoned = False
         self._stopping = False
+        #: The stop's stat of the mount went unanswered (see stop).
+        self._poke_left = False
         self._said_stopping = False
         self.controller = make_controller(self.config)
         self.kernel_cache = KernelCache(
@@ -437,6 +439,8 @@ class Daemon:
             log.error("the engine's request loop failed: %s", os.strerror(-rc))
             self.exit_code = 1
         await self._sync_everything()
+        if self._poke_left:
+            self._abort()  # nothing is left to serve: the kernel fails the stat instead
         return self.exit_code
 
     async def _sync_everything(self) -> None:
@@ -669,22 +673,39 @@ class Daemon:
             except OSError as err:
                 log.error("cannot write back the kernel's cache: %s", err)
                 self.exit_code = 1
-        await trio.to_thread.run_sync(self.engine.close_the_cache)
+        await self._engine_call(self.engine.close_the_cache, deadline)
         try:
             if fd is not None:
                 with trio.move_on_at(deadline):
                     await self._write_back(fd)
-            await trio.to_thread.run_sync(self.engine.stop)
+            await self._engine_call(self.engine.stop, deadline)
             if fd is not None:
                 # The loop notices the stop when it takes its next request: this one (the
                 # attributes were expired, so the kernel must ask; the answer is ENOTCONN, from
                 # the engine alone: no call to the target, so it cannot hang this thread).
-                with trio.move_on_after(LOOP_END_GRACE):
+                with trio.move_on_after(LOOP_END_GRACE) as poking:
                     await run_sync_abandoning(_poke, fd)
+                # Left unanswered (the loop ended before any thread read it): its thread
+                # waits on this process's own connection, and would keep it from exiting.
+                self._poke_left = poking.cancelled_caught
         finally:
-            if fd is not None:
+            # Not under a stat left to its thread: the number could name another file by the
+            # time it runs (it is closed with the process).
+            if fd is not None and not self._poke_left:
                 os.close(fd)
         await self._end_the_loop(deadline)
+
+    async def _engine_call(self, call: Callable[[], None], deadline: float) -> None:
+        """A call of the engine's on the stop path, bounded: past *deadline* (at least
+        LOOP_END_GRACE from now) its thread is left, as serve()'s is, and the engine is not
+        freed. A notification the kernel holds behind a request thread the target holds (an
+        attribute's or a page's drop) returns only once the connection is aborted, which comes
+        after it (_end_the_loop)."""
+        with trio.move_on_at(max(deadline, trio.current_time() + LOOP_END_GRACE)):
+            await run_sync_abandoning(call)
+            return
+        log.info("the engine's %s is held by the target: left to its thread", call.__name__)
+        self.abandoned = True
 
     def _say_stopping(self) -> None:
         """Tell systemd, once, that the daemon stops (its final syncs follow, not a crash)."""

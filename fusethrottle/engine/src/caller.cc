@@ -75,12 +75,24 @@ std::vector<gid_t> read_groups(pid_t tid) {
   return list;
 }
 
+// setfsuid and setfsgid answer the id the thread had, never an error: whether the kernel took
+// the new one is asked again (-1 changes nothing).
+bool set_fsuid(uid_t uid) {
+  ::syscall(SYS_setfsuid, uid);
+  return static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) == uid;
+}
+
+bool set_fsgid(gid_t gid) {
+  ::syscall(SYS_setfsgid, gid);
+  return static_cast<gid_t>(::syscall(SYS_setfsgid, -1)) == gid;
+}
+
 }  // namespace
 
 void set_switch_credentials(bool on) { switching.store(on); }
 
-void become_caller() {
-  if (!switching.load(std::memory_order_relaxed)) return;
+int become_caller() {
+  if (!switching.load(std::memory_order_relaxed)) return 0;
   const Call& ctx = this_call();
   ThreadCaller& me = current;
   auto now = std::chrono::steady_clock::now();
@@ -100,21 +112,42 @@ void become_caller() {
     entry->read = now;
   }
   const std::vector<gid_t>& groups = entry->groups;
-  // The raw system calls: glibc's wrappers would change every thread of the process.
+  if (!me.groups_applied) {
+    // What the thread has now (the daemon's, or left by a failed switch): a caller with the
+    // same groups needs no setgroups, which a user namespace may deny.
+    int n = static_cast<int>(::syscall(SYS_getgroups, 0, nullptr));
+    me.applied.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    if (n >= 0 && ::syscall(SYS_getgroups, n, me.applied.data()) == n) me.groups_applied = true;
+  }
+  // The raw system calls: glibc's wrappers would change every thread of the process. A switch
+  // that fails leaves the thread's state unknown (known, groups_applied false): the next
+  // request sets everything again.
   if (!me.groups_applied || groups != me.applied) {
-    syscall(SYS_setgroups, groups.size(), groups.data());
+    if (::syscall(SYS_setgroups, groups.size(), groups.data()) != 0) {
+      int error = errno;
+      me.groups_applied = false;
+      return error == EINVAL ? EPERM : error;
+    }
     me.applied = groups;
     me.groups_applied = true;
   }
   if (!me.known || me.gid != ctx.gid) {
-    syscall(SYS_setfsgid, ctx.gid);
+    if (!set_fsgid(ctx.gid)) {
+      me.known = false;
+      return EPERM;
+    }
     me.gid = ctx.gid;
   }
   if (!me.known || me.uid != ctx.uid) {
-    syscall(SYS_setfsuid, ctx.uid);
+    if (!set_fsuid(ctx.uid)) {
+      me.known = false;
+      set_fsuid(0);  // (it is the daemon's still: stop_being_caller left it so)
+      return EPERM;
+    }
     me.uid = ctx.uid;
   }
   me.known = true;
+  return 0;
 }
 
 bool as_caller() { return current.known && current.uid != 0; }
@@ -131,12 +164,16 @@ Fd open_as(int path_fd, uint64_t writer, int flags, int* error) {
   auto before_uid = static_cast<uid_t>(::syscall(SYS_setfsuid, -1));
   auto before_gid = static_cast<gid_t>(::syscall(SYS_setfsgid, -1));
   bool as_writer = ::geteuid() == 0 && writer != 0;
-  if (as_writer) {
-    ::syscall(SYS_setfsgid, static_cast<gid_t>(writer & 0xffffffffu));
-    ::syscall(SYS_setfsuid, static_cast<uid_t>(writer >> 32));
+  // Either id refused: nothing is opened, as the daemon or as half the writer.
+  bool switched = !as_writer || (set_fsgid(static_cast<gid_t>(writer & 0xffffffffu)) &&
+                                 set_fsuid(static_cast<uid_t>(writer >> 32)));
+  Fd fd;
+  if (switched) {
+    fd = Fd(::open(path.c_str(), flags));
+    *error = fd ? 0 : errno;
+  } else {
+    *error = EPERM;
   }
-  Fd fd(::open(path.c_str(), flags));
-  *error = fd ? 0 : errno;
   if (as_writer) {
     ::syscall(SYS_setfsuid, before_uid);
     ::syscall(SYS_setfsgid, before_gid);

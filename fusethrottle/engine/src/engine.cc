@@ -31,6 +31,9 @@ constexpr int kRequestBufferIdleMs = 2000;
 Engine::~Engine() {
   pages_.stop();
   if (session_ && mounted_) fuse_session_unmount(session_.get());
+  // A drop the kernel still holds uses the session: it is left to the process's exit, as the
+  // control plane leaves a request thread the target holds (kernel_pages.h).
+  if (pages_.left()) (void)session_.release();
 }
 
 int Engine::mount(std::string& error) {
@@ -113,8 +116,15 @@ void Engine::close_the_cache() {
 }
 
 void Engine::stop() {
+  // Every wait of a request that the stop depends on ends now, whether the cache was closed
+  // first or not (close_the_cache: the control plane bounds it, and may have left it).
+  closing_.store(true, std::memory_order_release);
+  ceilings_.open_up();
+  fleet_.open_up();
   // While the loop still serves: a notification the kernel holds for a page's write-back
-  // ends only when a request thread has written it.
+  // ends only when a request thread has written it. One that a request thread stuck on the
+  // target holds is not waited for past KernelPages::kStopWait (the control plane then aborts
+  // the connection, which ends it).
   pages_.stop();
   fuse_session_exit(session_.get());
   if (mounted_) {

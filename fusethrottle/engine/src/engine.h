@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "call.h"
 #include "ceilings.h"
 #include "events.h"
 #include "fleet_gate.h"
@@ -93,7 +94,11 @@ class Engine {
     OpClass cls = meter_.class_of(op);
     if (!ceilings_.applies_to(cls)) return;
     Charge charge = price(meter_.profile(), cls, nbytes);
-    fleet_.spend(charge);
+    if (fleet_.on()) {
+      // A caller killed while its request waits for the share was answered EINTR (call.h).
+      Call& call = this_call();
+      fleet_.spend(charge, [&call] { return call.unanswered.load() == nullptr; });
+    }
     ceilings_.pay(cls, charge);
   }
   // Files and directories open through the mount (handles.h: Tally).

@@ -18,7 +18,7 @@ bool FleetGate::within_allowance(const Charge& charge) const {
          (charge.units == 0 || stats_.spent_units < allow_units_);
 }
 
-void FleetGate::spend(Charge charge) {
+void FleetGate::spend(Charge charge, const std::function<bool()>& abandoned) {
   if (!on_ || (charge.metered == 0 && charge.units == 0)) return;
   std::unique_lock<std::mutex> guard(lock_);
   if (open_) return;
@@ -28,9 +28,20 @@ void FleetGate::spend(Charge charge) {
     waited = true;
     stats_.waiting++;
     if (starved_) starved_();
-    wake_.wait(guard, [&] { return open_ || within_allowance(charge); });
+    bool left = false;
+    while (!open_ && !within_allowance(charge)) {
+      if (abandoned && abandoned()) {
+        left = true;
+        break;
+      }
+      if (abandoned) {
+        wake_.wait_for(guard, std::chrono::duration<double>(kAbandonedCheck));
+      } else {
+        wake_.wait(guard);
+      }
+    }
     stats_.waiting--;
-    if (open_) return;
+    if (open_ || left) return;  // a request nobody waits for spends nothing
   }
   auto metered = static_cast<double>(charge.metered);
   auto units = static_cast<double>(charge.units);
@@ -44,13 +55,24 @@ void FleetGate::spend(Charge charge) {
     uint64_t generation = pace_generation_;
     auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(delay);
     stats_.pacing++;
-    bool woken = wake_.wait_until(guard, until, [&] { return open_ || pace_generation_ != generation; });
+    bool woken = false;
+    for (;;) {
+      woken = open_ || pace_generation_ != generation || (abandoned && abandoned());
+      if (woken || std::chrono::steady_clock::now() >= until) break;
+      auto slice = until;
+      if (abandoned) {
+        auto check = std::chrono::time_point_cast<decltype(until)::duration>(std::chrono::steady_clock::now()) +
+                     std::chrono::duration<double>(kAbandonedCheck);
+        slice = std::min(slice, check);
+      }
+      wake_.wait_until(guard, slice);
+    }
     stats_.pacing--;
     if (!woken) break;  // its turn came
     double at = now_seconds();
     pace_metered_.refund(at, metered);
     pace_units_.refund(at, units);
-    if (open_) break;
+    if (open_ || (abandoned && abandoned())) break;
     // The share moved (a mount left, this one's grew): queue again at the new pace, not the old.
   }
   if (waited) {

@@ -40,9 +40,12 @@ class FleetGate {
   FleetGate(bool on, double now, std::function<void()> starved);
 
   bool on() const { return on_; }
-  // Take *charge*; return once the allowance holds it and its pace turn has come (or the
-  // mount closes).
-  void spend(Charge charge);
+  // Take *charge*; return once the allowance holds it and its pace turn has come, the mount
+  // closes (open_up), or *abandoned* says nobody waits for the request any more (its caller
+  // was answered EINTR: looked at every kAbandonedCheck). Nothing waits here past the stop:
+  // Engine::stop opens the gate whatever else the stop could do.
+  void spend(Charge charge, const std::function<bool()>& abandoned = {});
+  static constexpr double kAbandonedCheck = 0.1;
   // The control plane's hand-out: spend up to these totals (kUnlimited: no lease needed), at
   // these rates (0: unpaced).
   void hand_out(double allow_metered, double allow_units, double pace_metered, double pace_units);

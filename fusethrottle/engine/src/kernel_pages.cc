@@ -16,52 +16,67 @@ const int64_t kPage = ::sysconf(_SC_PAGESIZE);
 
 void KernelPages::start(fuse_session* session) {
   session_ = session;
-  thread_ = std::thread([this] {
+  thread_ = std::thread([state = state_, &table = table_, session] {
     name_this_thread("ft-drop-pages");
-    run();
+    run(state, table, session);
+    std::lock_guard<std::mutex> guard(state->lock);
+    state->ended = true;
+    state->wake.notify_all();
   });
 }
 
-void KernelPages::stop() {
-  {
-    std::lock_guard<std::mutex> guard(lock_);
-    stopping_ = true;
-    pending_.clear();
+bool KernelPages::stop(std::chrono::milliseconds bound) {
+  State& s = *state_;
+  std::unique_lock<std::mutex> guard(s.lock);
+  s.stopping = true;
+  s.pending.clear();
+  s.wake.notify_all();
+  if (!thread_.joinable()) return !left_;
+  if (!s.wake.wait_for(guard, bound, [&s] { return s.ended; })) {
+    thread_.detach();  // it holds the state; the engine keeps the session (Engine::left)
+    left_ = true;
+    return false;
   }
-  wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  guard.unlock();
+  thread_.join();
+  return true;
 }
 
 void KernelPages::drop(std::shared_ptr<Inode> inode, int64_t lo, int64_t hi) {
   hi -= hi % kPage;
   if (hi <= lo) return;
+  State& s = *state_;
   {
-    std::lock_guard<std::mutex> guard(lock_);
-    if (stopping_ || session_ == nullptr) return;
-    auto [at, added] = pending_.try_emplace(inode.get(), Range{inode, lo, hi});
+    std::lock_guard<std::mutex> guard(s.lock);
+    if (s.stopping || session_ == nullptr) return;
+    auto [at, added] = s.pending.try_emplace(inode.get(), Range{inode, lo, hi});
     if (!added) {
       at->second.lo = std::min(at->second.lo, lo);
       at->second.hi = std::max(at->second.hi, hi);
     }
   }
-  wake_.notify_one();
+  s.wake.notify_all();
 }
 
-void KernelPages::run() {
-  std::unique_lock<std::mutex> guard(lock_);
+void KernelPages::run(const std::shared_ptr<State>& state, InodeTable& table, fuse_session* session) {
+  State& s = *state;
+  std::unique_lock<std::mutex> guard(s.lock);
   for (;;) {
-    wake_.wait(guard, [this] { return stopping_ || !pending_.empty(); });
-    if (stopping_) return;
+    s.wake.wait(guard, [&s] { return s.stopping || !s.pending.empty(); });
+    if (s.stopping) return;
     std::vector<Range> batch;
-    for (auto& [key, range] : pending_) batch.push_back(std::move(range));
-    pending_.clear();
-    guard.unlock();
+    for (auto& [key, range] : s.pending) batch.push_back(std::move(range));
+    s.pending.clear();
     for (const Range& r : batch) {
+      // Looked at before each drop: once stopped, the table and the session may be gone.
+      if (s.stopping) return;
+      fuse_ino_t node = table.node_of(*r.inode);
+      guard.unlock();
       // -ENOENT: the kernel forgot the file, and its pages with it.
-      if (fuse_lowlevel_notify_inval_inode(session_, table_.node_of(*r.inode), r.lo, r.hi - r.lo) == 0)
-        dropped_.fetch_add(1, std::memory_order_relaxed);
+      if (fuse_lowlevel_notify_inval_inode(session, node, r.lo, r.hi - r.lo) == 0)
+        s.dropped.fetch_add(1, std::memory_order_relaxed);
+      guard.lock();
     }
-    guard.lock();
   }
 }
 

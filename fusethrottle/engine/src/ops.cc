@@ -229,7 +229,6 @@ void op_init(void* userdata, fuse_conn_info* conn) {
 // --- names ----------------------------------------------------------------------------------
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  become_caller();
   reply_entry_of(req, parent, name);
 }
 
@@ -252,27 +251,23 @@ void op_forget_multi(fuse_req_t req, size_t count, fuse_forget_data* forgets) {
 }
 
 void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
-  become_caller();
   if (::mkdirat(inode_of(req, parent).fd(), name, mode) != 0) return (void)answer(fuse_reply_err, req, failed());
   reply_entry_of(req, parent, name, Found::kMade);
 }
 
 void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
-  become_caller();
   if (::mknodat(inode_of(req, parent).fd(), name, mode, rdev) != 0)
     return (void)answer(fuse_reply_err, req, failed());
   reply_entry_of(req, parent, name, Found::kMade);
 }
 
 void op_symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
-  become_caller();
   if (::symlinkat(link, inode_of(req, parent).fd(), name) != 0)
     return (void)answer(fuse_reply_err, req, failed());
   reply_entry_of(req, parent, name, Found::kMade);
 }
 
 void op_link(fuse_req_t req, fuse_ino_t node, fuse_ino_t newparent, const char* newname) {
-  become_caller();
   Using use(engine_of(req).inodes().share(node));
   if (let_go_of(req, use)) return;
   // Through /proc: linkat(AT_EMPTY_PATH) would need CAP_DAC_READ_SEARCH of the caller.
@@ -283,7 +278,6 @@ void op_link(fuse_req_t req, fuse_ino_t node, fuse_ino_t newparent, const char* 
 }
 
 void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  become_caller();
   int dir = inode_of(req, parent).fd();
   LetGo held(engine_of(req), dir, name);
   int err = ::unlinkat(dir, name, 0) == 0 ? 0 : failed();
@@ -314,7 +308,6 @@ bool only_removed_while_open(int parent, const char* name) {
 }
 
 void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  become_caller();
   int dir = inode_of(req, parent).fd();
   int err = ::unlinkat(dir, name, AT_REMOVEDIR) == 0 ? 0 : failed();
   // A file the caller removed while it had it open is a .nfsXXXX on NFS until the last close,
@@ -335,7 +328,6 @@ void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
 
 void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
                const char* newname, unsigned int flags) {
-  become_caller();
   int from = inode_of(req, parent).fd();
   int to = inode_of(req, newparent).fd();
   if (flags & (RENAME_EXCHANGE | RENAME_NOREPLACE)) {  // nothing is replaced
@@ -351,7 +343,6 @@ void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t n
 // --- attributes -------------------------------------------------------------------------------
 
 void op_getattr(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
-  become_caller();
   struct stat st {};
   int err = fi != nullptr ? (::fstat(borrow<OpenFile>(fi).fd.get(), &st) == 0 ? 0 : failed())
                           : stat_inode(inode_of(req, node), &st);
@@ -463,7 +454,6 @@ int kernels_part(int fd, struct stat* st) {
 }
 
 void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, fuse_file_info* fi) {
-  become_caller();
   Inode& inode = inode_of(req, node);
   Using use(inode.shared_from_this());  // (with a handle, only the handle's descriptor is used)
   if (fi == nullptr && !use) {
@@ -494,7 +484,7 @@ void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, 
       // target lets only the owner set. The kernel allowed it: the daemon makes it.
       stop_being_caller();
       err = set_attributes(inode, *attr, to_set, fi);
-      become_caller();
+      if (int back = become_caller(); back != 0) err = back;  // (the rest only stats)
     }
     if (err) return (void)answer(fuse_reply_err, req, err);
     // The writeback cache keeps the mtime it sent and hands it back after a rename or at the
@@ -516,7 +506,6 @@ void op_setattr(fuse_req_t req, fuse_ino_t node, struct stat* attr, int to_set, 
 // access(2) and chdir with permissions=target (the kernel asks only then): the target's
 // answer to the caller (AT_EACCESS: with the file-system ids the thread runs as).
 void op_access(fuse_req_t req, fuse_ino_t node, int mask) {
-  become_caller();
   Using use(engine_of(req).inodes().share(node));
   if (let_go_of(req, use)) return;
   std::string path = proc_path(inode_of(req, node).fd());
@@ -525,7 +514,6 @@ void op_access(fuse_req_t req, fuse_ino_t node, int mask) {
 }
 
 void op_readlink(fuse_req_t req, fuse_ino_t node) {
-  become_caller();
   Using use(engine_of(req).inodes().share(node));
   if (let_go_of(req, use)) return;
   std::vector<char> target(PATH_MAX + 1);
@@ -537,7 +525,6 @@ void op_readlink(fuse_req_t req, fuse_ino_t node) {
 }
 
 void op_statfs(fuse_req_t req, fuse_ino_t node) {
-  become_caller();
   struct statvfs st {};
   Using use(engine_of(req).inodes().share(node));  // a removed file's: the file system's of the root
   int fd = use ? inode_of(req, node).fd() : engine_of(req).inodes().root().fd();
@@ -549,7 +536,6 @@ void op_statfs(fuse_req_t req, fuse_ino_t node) {
 
 void op_setxattr(fuse_req_t req, fuse_ino_t node, const char* name, const char* value, size_t size,
                  int flags) {
-  become_caller();
   Inode& inode = inode_of(req, node);
   Using use(inode.shared_from_this());
   if (let_go_of(req, use)) return;
@@ -559,7 +545,6 @@ void op_setxattr(fuse_req_t req, fuse_ino_t node, const char* name, const char* 
 }
 
 void op_getxattr(fuse_req_t req, fuse_ino_t node, const char* name, size_t size) {
-  become_caller();
   Inode& inode = inode_of(req, node);
   Using use(inode.shared_from_this());
   if (let_go_of(req, use)) return;
@@ -577,7 +562,6 @@ void op_getxattr(fuse_req_t req, fuse_ino_t node, const char* name, size_t size)
 }
 
 void op_listxattr(fuse_req_t req, fuse_ino_t node, size_t size) {
-  become_caller();
   Inode& inode = inode_of(req, node);
   Using use(inode.shared_from_this());
   if (let_go_of(req, use)) return;
@@ -598,7 +582,6 @@ void op_listxattr(fuse_req_t req, fuse_ino_t node, size_t size) {
 }
 
 void op_removexattr(fuse_req_t req, fuse_ino_t node, const char* name) {
-  become_caller();
   Inode& inode = inode_of(req, node);
   Using use(inode.shared_from_this());
   if (let_go_of(req, use)) return;
@@ -610,7 +593,6 @@ void op_removexattr(fuse_req_t req, fuse_ino_t node, const char* name) {
 // --- files ----------------------------------------------------------------------------------
 
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
-  become_caller();
   Engine& engine = engine_of(req);
   int dir = inode_of(req, parent).fd();
   bool bypass = false;
@@ -661,7 +643,6 @@ bool changed_elsewhere(Window& window, Inode& inode, KernelView& view, int fd, i
 }
 
 void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
-  become_caller();
   Engine& engine = engine_of(req);
   Using use(engine_of(req).inodes().share(node));
   if (let_go_of(req, use)) return;
@@ -848,10 +829,6 @@ void op_write_buf(fuse_req_t req, fuse_ino_t node, fuse_bufvec* in, off_t off, f
     int pending = report_pending(engine.window(), inode_of(req, node), borrow<OpenFile>(fi).fd.get());
     if (pending != 0) return (void)answer(fuse_reply_err, req, pending);
   }
-  // A caller's own write reaches the target as that caller, so the target removes set-ID
-  // bits and the file capability as it would for them (see session_io.h); the kernel's
-  // write-back of its cache has no caller.
-  if (!fi->writepage) become_caller();
   // The back-pressure: the reply waits until the bytes fit in the window.
   size_t size = fuse_buf_size(in);
   engine.pay(FT_OP_WRITE, size);
@@ -945,7 +922,6 @@ void op_fsync(fuse_req_t req, fuse_ino_t node, int datasync, fuse_file_info* fi)
 
 void op_fallocate(fuse_req_t req, fuse_ino_t node, int mode, off_t off, off_t length,
                   fuse_file_info* fi) {
-  become_caller();
   int err;
   {
     KernelView& view = inode_of(req, node).view;
@@ -961,7 +937,6 @@ void op_fallocate(fuse_req_t req, fuse_ino_t node, int mode, off_t off, off_t le
 // --- directories ------------------------------------------------------------------------------
 
 void op_opendir(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
-  become_caller();
   // Through /proc: "." would need search permission on the directory, which reading its
   // entries does not (a directory of mode 0600 lists for its owner).
   std::string path = proc_path(inode_of(req, node).fd());
@@ -1002,7 +977,6 @@ void serve_dir(fuse_req_t req, fuse_ino_t node, size_t size, off_t off, fuse_fil
     dir.pending = nullptr;
     dir.offset = off;
   }
-  if (plus) become_caller();
   std::vector<fuse_ino_t> counted;  // lookups handed out with the entries
   std::vector<char> buf(size);
   size_t used = 0;
@@ -1124,6 +1098,10 @@ struct Counted<Op, Handler> {
   // The opens' file_info carries no handle yet: their handlers make it.
   static constexpr bool kOnHandle =
       Op != FT_OP_OPEN && Op != FT_OP_CREATE && Op != FT_OP_OPENDIR;
+  // What works on a handle already open, or on nothing of the caller's, runs as the daemon.
+  static constexpr bool kAsCaller = Op != FT_OP_FORGET && Op != FT_OP_READ && Op != FT_OP_FLUSH &&
+                                    Op != FT_OP_RELEASE && Op != FT_OP_FSYNC && Op != FT_OP_READDIR &&
+                                    Op != FT_OP_RELEASEDIR && Op != FT_OP_FSYNCDIR;
 
   static void serve(fuse_req_t req, Args... args) {
     Call& call = this_call();
@@ -1161,8 +1139,20 @@ struct Counted<Op, Handler> {
     }
     // Reads and writes pay for their size in their handlers.
     if constexpr (Op != FT_OP_READ && Op != FT_OP_WRITE) call.engine->pay(Op, 0);
+    // A caller's request runs with its ids and groups or not at all: a switch that failed
+    // answers it before its handler runs (caller.h). A caller's own write reaches the target
+    // as that caller, so the target removes set-ID bits and the file capability as it would
+    // for them (see session_io.h); the kernel's write-back of its cache has no caller.
+    int refused_switch = 0;
+    if constexpr (kAsCaller) {
+      if (!kernels_write_back) refused_switch = become_caller();
+    }
     try {
-      Handler(req, args...);
+      if (refused_switch != 0) {
+        answer(fuse_reply_err, req, refused_switch);
+      } else {
+        Handler(req, args...);
+      }
     } catch (const std::bad_alloc& e) {
       answer_thrown<Op>(req, e.what(), ENOMEM);
     } catch (const std::exception& e) {

@@ -694,8 +694,36 @@ void test_the_fleet_gate_spends_what_is_handed_out_at_its_pace() {
   CHECK(off.stats().spent_metered == 0);
 }
 
+// A request whose caller was answered EINTR while it waits for a lease (or its pace turn)
+// leaves the gate by itself, spending nothing, with no hand-out and no close to wake it.
+void test_a_request_nobody_waits_for_leaves_the_fleet_gate() {
+  ft::FleetGate gate(true, ft::now_seconds(), nullptr);
+  std::atomic<bool> gone{false};
+  std::atomic<bool> left{false};
+  std::thread waiter([&] {
+    gate.spend({MiB, 5}, [&] { return gone.load(); });
+    left = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(!left && gate.stats().waiting == 1);
+  gone = true;
+  waiter.join();
+  ft::FleetGateStats s = gate.stats();
+  CHECK(s.waiting == 0 && s.spent_metered == 0 && s.spent_units == 0);
+  // At its pace: a 40 MiB request at 4 MiB/s would wait about 10 s.
+  gate.hand_out(64.0 * MiB, ft::FleetGate::kUnlimited, 4.0 * MiB, 0);
+  gone = false;
+  std::thread paced([&] { gate.spend({40 * MiB, 5}, [&] { return gone.load(); }); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(gate.stats().pacing == 1);
+  gone = true;
+  paced.join();
+  CHECK(gate.stats().pacing == 0);
+}
+
 int main() {
   test_the_fleet_gate_spends_what_is_handed_out_at_its_pace();
+  test_a_request_nobody_waits_for_leaves_the_fleet_gate();
   test_the_ceilings_price_by_the_profile_and_hold_a_write_over_the_budget();
   test_pure_rules();
   test_a_file_is_due_at_its_batch_on_release_and_by_age();
