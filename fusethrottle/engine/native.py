@@ -338,7 +338,7 @@ class EngineStats:
     passthrough_opens: int = 0
 
 
-#: ft_engine_stats.passthrough: on, or why off (the engine says it once on stderr too).
+#: ft_engine_stats.passthrough: on, or why off (the daemon logs it once, and on each change).
 PASSTHROUGH = {
     0: "off (built against a libfuse before 3.17)",
     1: "on",

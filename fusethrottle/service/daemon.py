@@ -38,7 +38,14 @@ from typing import Any
 import trio
 
 from .. import _libc
-from ..engine.native import EngineConfig, EngineUnavailable, LostEvent, NativeEngine, SyncEvent
+from ..engine.native import (
+    PASSTHROUGH,
+    EngineConfig,
+    EngineUnavailable,
+    LostEvent,
+    NativeEngine,
+    SyncEvent,
+)
 from ..guard.pressure import pressure_files
 from ..guard.rule import GuardSettings
 from ..guard.watcher import PressureGuard
@@ -293,6 +300,7 @@ class Daemon:
         self._server = server
         #: The pressure guard (guard=): the backup's rate from the protected workload's stall.
         self._guard_rate: float | None = None
+        self._passthrough_said: int | None = None
         #: The ceilings' time-of-day schedules (metered_limit=100M,01:00-06:00=20M).
         self._ceilings = ScheduledCeilings(self.config.metered_limit, self.config.ops_limit)
         self.schedule = ScheduleFollower(self._schedules, self._scheduled, time.time)
@@ -534,8 +542,11 @@ class Daemon:
         """The mount now, as status and the metrics show it (on the event loop): the events
         queued meanwhile first, so every fsync that ended is in it."""
         self._take_events()
+        stats = self.engine.stats()
+        if self._passthrough_said is not None:
+            self._say_passthrough(stats.passthrough)
         view = EngineView(
-            self.engine.stats(),
+            stats,
             self.engine.errors(),
             self.controller,
             self._total,
@@ -604,6 +615,13 @@ class Daemon:
             self.kernel_cache.ledger_window(self._total), self.controller.commit_rate
         )
 
+    def _say_passthrough(self, state: int) -> None:
+        """Whether the kernel reads files itself (FUSE passthrough), once and at each change
+        (the kernel may refuse the first backing file): in the log's own format."""
+        if state != self._passthrough_said:
+            self._passthrough_said = state
+            log.info("passthrough: %s", PASSTHROUGH.get(state, f"off (code {state})"))
+
     async def _announce_ready(self) -> None:
         mountpoint = self.config.mountpoint
         problem = await run_sync_abandoning(stat_from_child, mountpoint)
@@ -630,6 +648,7 @@ class Daemon:
             self._total >> 20,
             self.config.batch >> 20,
         )
+        self._say_passthrough(stats.passthrough)
         cgroup = self.placement.cgroup
         if cgroup.path is not None:
             log.info("page cache of the target is charged to the memory cgroup %s", cgroup.path)

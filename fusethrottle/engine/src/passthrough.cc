@@ -10,24 +10,6 @@
 namespace ft {
 namespace {
 
-const char* reason(PassthroughState state) {
-  switch (state) {
-    case PassthroughState::kOn:
-      return "on (files open for reading only are read by the kernel)";
-    case PassthroughState::kOffLibfuse:
-      return "off (built against a libfuse before 3.17; reads go through the engine)";
-    case PassthroughState::kOffKernel:
-      return "off (the kernel does not offer it: 6.9 or later needed; reads go through the engine)";
-    case PassthroughState::kOffWriteback:
-      return "off (the kernel does not combine it with the write-back cache: writeback_cache=no "
-             "turns it on; reads go through the engine)";
-    case PassthroughState::kOffPrivilege:
-      return "off (the kernel refused a backing file: the daemon needs CAP_SYS_ADMIN; reads go "
-             "through the engine)";
-  }
-  return "off";
-}
-
 #if FUSE_VERSION >= FUSE_MAKE_VERSION(3, 17)
 // FUSE_DEV_IOC_BACKING_OPEN on the session's device, as fuse_passthrough_open makes it but
 // without the request: libfuse's reads the session through *req*, which an interrupt that
@@ -43,9 +25,6 @@ int backing_open(int session_fd, int fd) {
 }
 #endif
 
-void say(PassthroughState state) {
-  std::fprintf(stderr, "fusethrottle engine: passthrough: %s\n", reason(state));
-}
 
 }  // namespace
 
@@ -64,7 +43,6 @@ void Passthrough::init([[maybe_unused]] fuse_conn_info* conn, [[maybe_unused]] b
   }
 #endif
   state_.store(state, std::memory_order_relaxed);
-  say(state);
 }
 
 int Passthrough::open([[maybe_unused]] fuse_req_t req, fuse_ino_t node, [[maybe_unused]] int flags,
@@ -81,9 +59,7 @@ int Passthrough::open([[maybe_unused]] fuse_req_t req, fuse_ino_t node, [[maybe_
       if (id <= 0) {
         // Refused (EPERM without CAP_SYS_ADMIN): the engine reads, now and from now on.
         PassthroughState was = PassthroughState::kOn;
-        if (state_.compare_exchange_strong(was, PassthroughState::kOffPrivilege)) {
-          say(PassthroughState::kOffPrivilege);
-        }
+        state_.compare_exchange_strong(was, PassthroughState::kOffPrivilege);
         f.engine++;
         return 0;
       }

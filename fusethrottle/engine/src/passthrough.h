@@ -36,7 +36,8 @@ enum class PassthroughState : int {
 
 class Passthrough {
  public:
-  // At INIT (op_init): ask for passthrough where everything allows it; says why once on stderr.
+  // At INIT (op_init): ask for passthrough where everything allows it. Why it is on or off is
+  // the stats' to say (the control plane logs it, in the log's format).
   void init(fuse_conn_info* conn, bool writeback_cache);
   // The session's descriptor, for giving backing registrations back without a request.
   void attach(int session_fd) { session_fd_ = session_fd; }
