@@ -86,6 +86,7 @@ class Engine {
   Ceilings& ceilings() { return ceilings_; }
   FleetGate& fleet() { return fleet_; }
   const Relief& relief() const { return relief_; }
+  Relief& relief() { return relief_; }
   Passthrough& passthrough() { return passthrough_; }
   // A request of *op* moving *nbytes* waits here until the fleet's share and then the local
   // ceilings let it go (a write waits for the tighter of the two).

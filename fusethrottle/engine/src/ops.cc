@@ -93,6 +93,23 @@ int look_again(int dir, const char* name, Inode* stale, Fd* fd, struct stat* st,
   return err;
 }
 
+// Out of descriptors (EMFILE) before the relief's bound was reached (files held for their
+// syncs, open handles, FORGETs lagging on a loaded host): the relief drops names now and the
+// call is tried again, a few times, each after at most half a second (relief.h: make_room).
+// A backup of a tree larger than the limit must not see EMFILE for it.
+constexpr int kRoomTries = 3;
+constexpr std::chrono::milliseconds kRoomWait{500};
+
+template <typename Open>
+Fd open_with_room(Engine& engine, const Open& open) {
+  Fd fd(open());
+  for (int i = 0; !fd && errno == EMFILE && i < kRoomTries; i++) {
+    engine.relief().make_room(kRoomWait);
+    fd.reset(open());
+  }
+  return fd;
+}
+
 // Look *name* up in *parent* and count the lookup the reply hands the kernel.
 int look_up(Engine& engine, fuse_ino_t parent, const char* name, fuse_entry_param* entry,
             Found found = Found::kLookedUp) {
@@ -102,6 +119,10 @@ int look_up(Engine& engine, fuse_ino_t parent, const char* name, fuse_entry_para
   Fd fd;
   std::string handle;
   int err = find_name(dir, name, &fd, &entry->attr, &handle);
+  for (int i = 0; err == EMFILE && i < kRoomTries; i++) {
+    engine.relief().make_room(kRoomWait);
+    err = find_name(dir, name, &fd, &entry->attr, &handle);
+  }
   if (err == ESTALE) {
     err = look_again(dir, name, nullptr, &fd, &entry->attr, &handle);
   } else if (err == 0) {
@@ -163,10 +184,10 @@ int target_flags(const Engine& engine, int flags) {
 // Open on the target; where read access was only added for the cache and is refused, as
 // asked, and then *bypass*: that handle's writes skip the mount's page cache (filling a
 // partial page would need the read the caller may not do).
-Fd open_as_asked(const Engine& engine, int flags, const std::function<int(int)>& open_with,
+Fd open_as_asked(Engine& engine, int flags, const std::function<int(int)>& open_with,
                  bool* bypass) {
   int wanted = target_flags(engine, flags);
-  Fd fd(open_with(wanted));
+  Fd fd = open_with_room(engine, [&] { return open_with(wanted); });
   *bypass = false;
   if (!fd && errno == EACCES && (flags & O_ACCMODE) == O_WRONLY &&
       (wanted & O_ACCMODE) == O_RDWR) {
@@ -940,7 +961,8 @@ void op_opendir(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   // Through /proc: "." would need search permission on the directory, which reading its
   // entries does not (a directory of mode 0600 lists for its owner).
   std::string path = proc_path(inode_of(req, node).fd());
-  Fd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  Fd fd = open_with_room(engine_of(req),
+                         [&] { return ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); });
   if (!fd) return (void)answer(fuse_reply_err, req, failed());
   auto dir = std::make_shared<OpenDir>(engine_of(req).handles());
   dir->dir.reset(::fdopendir(fd.get()));

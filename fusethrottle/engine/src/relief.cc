@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "inode.h"
 #include "thread_name.h"
@@ -49,19 +50,39 @@ void Relief::start(fuse_session* session, ReliefBounds bounds) {
 void Relief::run() {
   std::unique_lock<std::mutex> guard(lock_);
   while (!stopping_) {
-    wake_.wait_for(guard, kCheckInterval, [this] { return full_ || stopping_; });
+    wake_.wait_for(guard, kCheckInterval, [this] { return full_ || pressed_ || stopping_; });
     if (stopping_) break;
+    bool pressed = std::exchange(pressed_, false);
     full_ = false;
     guard.unlock();
-    if (table_.size() > bounds_.high) relieve();
+    size_t known = table_.size();
+    if (pressed) {
+      relieve(std::min(bounds_.low, known / 5 * 4));
+    } else if (known > bounds_.high) {
+      relieve(bounds_.low);
+    }
     guard.lock();
   }
 }
 
-void Relief::relieve() {
+void Relief::make_room(std::chrono::milliseconds bound) {
+  if (session_ == nullptr) return;  // not started: no limit is kept
+  size_t before = table_.size();
+  {
+    std::lock_guard<std::mutex> guard(lock_);
+    pressed_ = true;
+  }
+  wake_.notify_one();
+  auto until = std::chrono::steady_clock::now() + bound;
+  while (table_.size() > before / 10 * 9 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+void Relief::relieve(size_t down_to) {
   size_t known = table_.size();
-  if (known <= bounds_.low) return;
-  for (auto& name : table_.oldest_names(known - bounds_.low, kAskAgainAfter)) {
+  if (known <= down_to) return;
+  for (auto& name : table_.oldest_names(known - down_to, kAskAgainAfter)) {
     if (window_.busy(*name.inode)) continue;
     // ENOENT, ENOTDIR, EBUSY: the kernel no longer holds the name, or cannot drop it now.
     fuse_lowlevel_notify_inval_entry(session_, name.parent, name.name.c_str(), name.name.size());

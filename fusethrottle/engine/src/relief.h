@@ -18,6 +18,7 @@
 #include <fuse_lowlevel.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>
@@ -45,13 +46,18 @@ class Relief {
 
   // Start watching the table of the mount *session* serves, within *bounds*.
   void start(fuse_session* session, ReliefBounds bounds);
+  // A request ran out of descriptors (EMFILE) before the table reached its bound (files held
+  // for their syncs, open handles, a loaded host whose FORGETs lag): names are dropped now,
+  // a fifth of the table, and the caller waits at most *bound* for the kernel's FORGETs to
+  // bring it down before it tries again. Never from the relief's own thread.
+  void make_room(std::chrono::milliseconds bound);
   // Known files at which names are dropped (0: no limit to keep), names asked so far.
   size_t high() const { return bounds_.high; }
   uint64_t asked() const { return asked_.load(std::memory_order_relaxed); }
 
  private:
   void run();
-  void relieve();
+  void relieve(size_t down_to);
 
   InodeTable& table_;
   Window& window_;
@@ -60,6 +66,7 @@ class Relief {
   std::mutex lock_;
   std::condition_variable wake_;
   bool full_ = false;
+  bool pressed_ = false;  // make_room asked: relieve below the bound too
   bool stopping_ = false;
   std::atomic<uint64_t> asked_{0};
   std::thread thread_;
