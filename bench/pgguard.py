@@ -14,6 +14,11 @@ as long as pgbench runs. Arms, interleaved in each repeat:
 * ``ft-guard``  through fusethrottle with ``guard=host`` (this host's cgroup v1 has no per-cgroup
                 pressure: the whole host's PSI is what the guard protects).
 
+With ``--schedule`` (e.g. ``none:8s,15M:14s,none:30s``) the target is instead a loop device
+whose write rate follows that schedule from the start of each arm's pgbench (TARGETS.md A: ext4
+on a direct-io loop image, throttled by blkio): a target that dips, where the window binds too,
+to show the guard and the window together are no worse for the database than the window alone.
+
 Per arm: pgbench's TPS and p99 latency (from its per-transaction log), each against the idle
 arm of the same repeat, and the backup's MB/s. The summary is the worst repeat. Writes
 ``results.json`` and ``summary.md`` under DIR. Needs root and Debian's postgresql package.
@@ -36,6 +41,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.plan import PlanError, TargetSpec, format_schedule, parse_schedule
+from bench.system import Teardown
+from bench.target import LoopTarget, ScheduleRunner
 from fusethrottle.service.mountinfo import mounts
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -196,8 +204,18 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
-def one_arm(arm: str, repeat: int, sock: Path, work: Path, seconds: int) -> Result:
-    target = work / "target"
+def one_arm(
+    arm: str,
+    repeat: int,
+    sock: Path,
+    work: Path,
+    seconds: int,
+    base: Path,
+    rate: ScheduleRunner | None = None,
+) -> Result:
+    """One arm of one repeat: the backup goes into *base* (the target), whose write rate follows
+    *rate* from the start of pgbench, if given."""
+    target = base / "target"
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir()
     shutil.chown(target, "postgres", "postgres")
@@ -216,12 +234,16 @@ def one_arm(arm: str, repeat: int, sock: Path, work: Path, seconds: int) -> Resu
         if arm != "idle":
             thread = threading.Thread(target=backups, args=(sock, into, stop, done))
             thread.start()
+        if rate is not None:
+            rate.start(time.monotonic())
         try:
             tps, latencies = pgbench(sock, seconds, logs)
         finally:
             stop.set()
             if thread is not None:
                 thread.join()
+            if rate is not None:
+                rate.stop()
     total = sum(b for b, _ in done)
     spent = sum(s for _, s in done)
     return Result(
@@ -267,7 +289,17 @@ def main(argv: list[str] | None = None) -> int:
         "--db-memory", default=str(1 << 30), help="the database's memory cgroup limit (bytes)"
     )
     p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument(
+        "--schedule",
+        help="a target that dips: a loop device whose write rate follows this schedule in each "
+        "arm (e.g. none:8s,15M:14s,none:30s; none: unthrottled)",
+    )
     args = p.parse_args(argv)
+    try:
+        steps = parse_schedule(args.schedule) if args.schedule else None
+    except PlanError as err:
+        print(f"bench.pgguard: --schedule: {err}", file=sys.stderr)
+        return 2
     if os.geteuid() != 0 or not (PG_BIN / "postgres").exists():
         print(
             "bench.pgguard: needs root and Debian's postgresql (apt-get install postgresql)",
@@ -278,10 +310,22 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
-    with database(args.work, args.scale, int(args.db_memory)) as sock:
+    teardown = Teardown()
+    base, rate, where = args.work, None, "a directory on this host's disk, full speed"
+    with contextlib.ExitStack() as stack:
+        stack.callback(teardown.undo_all)
+        if steps is not None:
+            loop = args.work / "loop-target"
+            shutil.rmtree(loop, ignore_errors=True)
+            loop.mkdir()
+            target = LoopTarget(TargetSpec("loop", schedule=steps), loop)
+            target.setup(teardown)
+            base, rate = target.root, target.schedule
+            where = f"{target.description}, rate {format_schedule(steps)} from each arm's start"
+        sock = stack.enter_context(database(args.work, args.scale, int(args.db_memory)))
         for repeat in range(args.repeats):
             for arm in arms:
-                r = one_arm(arm, repeat, sock, args.work, args.seconds)
+                r = one_arm(arm, repeat, sock, args.work, args.seconds, base, rate)
                 results.append(r)
                 print(json.dumps(asdict(r)), flush=True)
                 (args.out / "results.json").write_text(
@@ -290,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     text = summary(results)
     load = os.getloadavg()
     (args.out / "summary.md").write_text(
-        f"{text}\n\nrepeats {args.repeats}, {args.seconds} s each, scale {args.scale}, "
-        f"load {load[0]:.1f}/{load[1]:.1f}\n"
+        f"{text}\n\ntarget: {where}; repeats {args.repeats}, {args.seconds} s each, "
+        f"scale {args.scale}, load {load[0]:.1f}/{load[1]:.1f}\n"
     )
     print(text)
     return 0
