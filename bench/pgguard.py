@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.plan import PlanError, TargetSpec, format_schedule, parse_schedule
+from bench.plan import PlanError, TargetSpec, parse_schedule
 from bench.system import Teardown
 from bench.target import LoopTarget, ScheduleRunner
 from fusethrottle.service.mountinfo import mounts
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             target = LoopTarget(TargetSpec("loop", schedule=steps), loop)
             target.setup(teardown)
             base, rate = target.root, target.schedule
-            where = f"{target.description}, rate {format_schedule(steps)} from each arm's start"
+            where = f"{target.description}, the schedule restarted with each arm"
         sock = stack.enter_context(database(args.work, args.scale, int(args.db_memory)))
         for repeat in range(args.repeats):
             for arm in arms:
