@@ -60,6 +60,8 @@ if [ ! -e "$base/.complete" ]; then
     # shellcheck disable=SC2016  # expanded by the inner shell
     ROOT=$base.tmp DEBS=$debs PACKAGES=$packages unshare --mount --propagation private -- \
         /bin/bash -euc '
+        # (as below: no copy of another FUSE mount kept alive by this namespace)
+        findmnt -rn -o TARGET,FSTYPE | awk "\$2 ~ /^fuse/ {print \$1}" | sort -r | xargs -r -n1 umount --lazy
         mount -t proc proc "$ROOT/proc"
         mount --bind /dev "$ROOT/dev"
         mount --bind "$DEBS" "$ROOT/var/cache/apt/archives"
@@ -100,6 +102,11 @@ inner=$(
     cat <<'EOF'
 set -eu
 root=$1
+# The namespace began with a copy of every host mount (this host's are private: the host's
+# unmounts do not reach the copies). A copy of another FUSE file system keeps its connection
+# alive after the host unmounts it: its daemon waits on /dev/fuse until this run ends (a
+# fusethrottle stop, a bench's C passthrough). Let go of them first.
+findmnt -rn -o TARGET,FSTYPE | awk '$2 ~ /^fuse/ {print $1}' | sort -r | xargs -r -n1 umount --lazy
 mount -t overlay overlay -o "lowerdir=$BASE,upperdir=$WORK/upper,workdir=$WORK/ovl" "$root"
 mount -t proc proc "$root/proc"
 mount --bind /sys "$root/sys"
