@@ -31,14 +31,20 @@ from bench.system import (
     BenchError,
     Child,
     Teardown,
+    abort_connection,
     answers,
     findmnt_type,
     fuse_abort,
+    fuse_connection,
     read_text,
     start,
 )
 
 log = logging.getLogger(__name__)
+
+#: How long the C example may go on after its mount is gone from here before its connection is
+#: taken to be held by another mount namespace (see PassthroughLLMount.stop).
+ORPHAN_WAIT = 10.0
 
 
 def find_executable(explicit: str | None) -> str | None:
@@ -358,6 +364,7 @@ class PassthroughLLMount:
         self.child: Child | None = None
         self.mount_key = 0
         self.mount_seconds = float("nan")
+        self.connection: str | None = None  # its fusectl name, once mounted
 
     @property
     def command(self) -> list[str]:
@@ -393,6 +400,7 @@ class PassthroughLLMount:
             timeout,
             lambda reason: BenchError(f"passthrough_ll exited before mounting: {reason}"),
         )
+        self.connection = fuse_connection(self.mountpoint)
         log.debug("mounted %s in %.2fs (pid %d)", self.mountpoint, self.mount_seconds, self.pid)
 
     def _unmount(self) -> bool:
@@ -420,7 +428,20 @@ class PassthroughLLMount:
             log.error("fusermount3 -u %s failed; aborting the connection", self.mountpoint)
             fuse_abort(self.mountpoint)
             self.teardown.undo(self.mount_key)
-        code = self.child.wait(timeout)
+        code = self.child.wait(min(timeout, ORPHAN_WAIT))
+        if code is None and self.connection and not findmnt_type(self.mountpoint):
+            # Unmounted here, but its connection lives on: a copy of the mount in another mount
+            # namespace made before the unmount (this host's mounts are private, so the unmount
+            # does not reach it) keeps the example reading /dev/fuse until that namespace ends.
+            log.warning(
+                "passthrough_ll still running %gs after %s was unmounted (another mount "
+                "namespace holds a copy of it); aborting its connection",
+                ORPHAN_WAIT,
+                self.mountpoint,
+            )
+            abort_connection(self.connection, str(self.mountpoint))
+        if code is None:
+            code = self.child.wait(max(0.0, timeout - (time.monotonic() - t0)))
         if code is None:
             log.error("passthrough_ll did not exit %gs after its unmount; stopping it", timeout)
             code = self.child.stop(grace=10)

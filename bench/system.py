@@ -241,10 +241,20 @@ def fuse_abort(path: str | Path) -> bool:
     Every request waiting on it fails with ENOTCONN, so stuck processes (ours) can exit. Mounts
     the fusectl filesystem for the moment if nobody has, and unmounts it again.
     """
+    minor = fuse_connection(path)
+    return minor is not None and abort_connection(minor, str(path))
+
+
+def fuse_connection(path: str | Path) -> str | None:
+    """The fusectl name (the device's minor) of the FUSE mount at *path*, if it is one."""
     entry = mount_entry(path)
     if entry is None or not entry[1].startswith("fuse"):
-        return False
-    minor = entry[0].split(":")[1]
+        return None
+    return entry[0].split(":")[1]
+
+
+def abort_connection(minor: str, label: str) -> bool:
+    """fusectl's ``abort`` of connection *minor* (*label*: what the log calls it)."""
     mounted_here = False
     if not (FUSECTL / minor).exists() and not any(FUSECTL.iterdir()):
         mounted_here = (
@@ -255,10 +265,10 @@ def fuse_abort(path: str | Path) -> bool:
         )
     try:
         write_sysfs(FUSECTL / minor / "abort", "1")
-        log.warning("aborted the FUSE connection of %s (daemon not answering)", path)
+        log.warning("aborted the FUSE connection of %s (daemon not answering)", label)
         return True
     except BenchError as err:
-        log.error("could not abort FUSE connection of %s: %s", path, err)
+        log.error("could not abort FUSE connection of %s: %s", label, err)
         return False
     finally:
         if mounted_here:

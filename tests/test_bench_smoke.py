@@ -754,3 +754,55 @@ def test_committed_cells_may_be_gzipped(tmp_path: Path) -> None:
     assert read_cells(tmp_path) == cells
     (tmp_path / "cells.jsonl").write_text(text[: text.index("\n") + 1])  # the plain one wins
     assert read_cells(tmp_path) == cells[:1]
+
+
+@needs_root
+def test_the_c_arm_stops_when_another_mount_namespace_holds_a_copy_of_its_mount(
+    tmp_path: Path,
+) -> None:
+    """A run beside others (a Debian 13 root's test, a container) may copy the C example's mount
+    into a private mount namespace; the host's unmount does not reach the copy, and the example
+    kept reading /dev/fuse until that namespace ended: a bench cell's stop took minutes. The
+    stop aborts the connection of a mount that is gone here, and the example exits 0."""
+    from bench import daemon
+    from bench.system import ArmSkipped, Teardown
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs util-linux's unshare")
+    try:
+        build = daemon.build_passthrough_ll(cache=tmp_path / "cache")
+    except ArmSkipped as err:
+        pytest.skip(str(err))
+    (tmp_path / "backing").mkdir()
+    teardown = Teardown(tmp_path / "journal")
+    mount = daemon.PassthroughLLMount(
+        build.binary,
+        tmp_path / "backing",
+        tmp_path / "mnt",
+        "",
+        tmp_path / "c.log",
+        teardown,
+        None,
+    )
+    holder = None
+    try:
+        mount.start()
+        (tmp_path / "mnt" / "f").write_bytes(b"kept")
+        # A namespace made now holds a copy of the mount (the host's mounts are private here;
+        # where they are shared, make the copy private so the host's unmount cannot reach it).
+        holder = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sleep", "120"]
+        )
+        time.sleep(0.5)
+        info = mount.stop(timeout=600)  # the bench's own bound
+        holder_alive = holder.poll() is None
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        mount.close()
+        teardown.undo_all()
+    assert info["exit_code"] == 0, info
+    # The stop did not wait for the namespace holding the copy to end.
+    assert holder_alive, f"the stop waited {info['stop_seconds']:.0f} s, for the other namespace"
+    assert (tmp_path / "backing" / "f").read_bytes() == b"kept"
