@@ -102,9 +102,8 @@ set -eu
 root=$1
 mount -t overlay overlay -o "lowerdir=$BASE,upperdir=$WORK/upper,workdir=$WORK/ovl" "$root"
 mount -t proc proc "$root/proc"
-mount --bind /sys "$root/sys"
-mount --bind /dev "$root/dev"
-mount --bind /dev/pts "$root/dev/pts"
+mount --rbind /sys "$root/sys"
+mount --rbind /dev "$root/dev"
 mount -t tmpfs tmpfs "$root/tmp"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 mkdir -p "$root/src/fusethrottle"
