@@ -66,6 +66,7 @@ from ..trio_compat import run_sync_abandoning
 from ..window.controller import effective_window, make_controller
 from ..window.kernel_cache import KernelCache
 from . import sdnotify
+from .held_signals import HELD_SIGNALS, release_held_signals
 from .live_settings import Change, apply_reload, apply_set
 from .logformat import JsonFormatter
 from .mountinfo import find_mount
@@ -665,7 +666,9 @@ class Daemon:
             self.on_ready()
 
     async def _signals(self) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        with trio.open_signal_receiver(*HELD_SIGNALS) as signals:
+            # Held since the process started (cli.main): one that came meanwhile is taken now.
+            release_held_signals()
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     if not self._stopping:
