@@ -107,6 +107,7 @@ def test_a_mount_with_log_format_json_logs_only_json_lines(make_mount: MakeMount
         assert entry["level"] != "ERROR", entry
     messages = [entry["message"] for entry in entries]
     assert "SIGTERM: flushing and unmounting" in messages, messages
+    assert ft.source is not None
     assert (ft.source / "backup.tar").stat().st_size == 3 << 20
 
 
@@ -134,4 +135,5 @@ def test_libfuses_own_messages_are_json_lines_too(make_mount: MakeMount) -> None
     ), entries
     messages = [entry["message"] for entry in entries]
     assert "SIGTERM: flushing and unmounting" in messages, messages
+    assert ft.source is not None
     assert (ft.source / "backup.tar").stat().st_size == 1 << 20
