@@ -148,6 +148,17 @@ def brief(run: Path) -> str:
     return "\n".join(rows)
 
 
+def incomplete(run: Path) -> list[str]:
+    """One line for each arm that did not complete (failed or skipped), with its reason: a
+    table without it must not pass for the demo's result."""
+    return [
+        f"{_ARM_NAMES.get(c.get('arm', ''), c.get('arm', '?'))}: {c.get('status')}"
+        f" ({c.get('reason') or 'no reason recorded'})"
+        for c in read_cells(run)
+        if c.get("status") != "ok" and not is_idle(c.get("arm", ""))
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -155,10 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         print(brief(Path(args[0])))
+        missing = incomplete(Path(args[0]))
     except (OSError, ValueError) as err:
         print(f"bench.brief: {err}", file=sys.stderr)
         return 1
-    return 0
+    for line in missing:
+        print(f"bench.brief: not completed: {line}", file=sys.stderr)
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

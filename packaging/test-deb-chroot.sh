@@ -109,11 +109,18 @@ root=$1
 findmnt -rn -o TARGET,FSTYPE | awk '$2 ~ /^fuse/ {print $1}' | sort -r | xargs -r -n1 umount --lazy
 mount -t overlay overlay -o "lowerdir=$BASE,upperdir=$WORK/upper,workdir=$WORK/ovl" "$root"
 mount -t proc proc "$root/proc"
-mount --bind /sys "$root/sys"
-mount --bind /dev "$root/dev"
-mount --bind /dev/pts "$root/dev/pts"
+mount --rbind /sys "$root/sys"
+mount --rbind /dev "$root/dev"
 mount -t tmpfs tmpfs "$root/tmp"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The host's way to the Internet, as its resolv.conf: pip's settings and the local CAs (a proxy's
+# own, which apt's ca-certificates keeps in the root's bundle when it rebuilds it).
+[ ! -f /etc/pip.conf ] || cp /etc/pip.conf "$root/etc/pip.conf"
+if [ -d /usr/local/share/ca-certificates ]; then
+    mkdir -p "$root/usr/local/share/ca-certificates" "$root/etc/ssl/certs"
+    cp -r /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/"
+    [ ! -f /etc/ssl/certs/ca-certificates.crt ] || cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/"
+fi
 mkdir -p "$root/src/fusethrottle"
 tar -xf "$WORK/tree.tar" -C "$root/src/fusethrottle"
 mkdir -p "$root/out"

@@ -107,4 +107,33 @@ def test_a_mount_with_log_format_json_logs_only_json_lines(make_mount: MakeMount
         assert entry["level"] != "ERROR", entry
     messages = [entry["message"] for entry in entries]
     assert "SIGTERM: flushing and unmounting" in messages, messages
+    assert ft.source is not None
     assert (ft.source / "backup.tar").stat().st_size == 3 << 20
+
+
+@pytest.mark.mount
+def test_libfuses_own_messages_are_json_lines_too(make_mount: MakeMount) -> None:
+    """libfuse prints its own complaints on stderr as plain lines unless told otherwise: here
+    each thread of its loop refuses the stack size FUSE_THREAD_STACK asks for (a setting
+    libfuse reads itself). With log_format=json they are objects of the log like the daemon's,
+    logger "libfuse", at libfuse's level."""
+    ft = make_mount(options=["log_format=json"], wrapper=("env", "FUSE_THREAD_STACK=1"))
+    ft.expect_log_problems = True  # libfuse's complaint is an error, on purpose
+    (ft.mountpoint / "backup.tar").write_bytes(b"x" * (1 << 20))
+    ft.signal(signal.SIGTERM)
+    assert ft.wait(60) == 0, ft.log()
+    entries = []
+    for line in ft.log().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            pytest.fail(f"not a JSON line: {line!r}\n{ft.log()}")
+    from_libfuse = [entry for entry in entries if entry["logger"] == "libfuse"]
+    assert any(
+        entry["message"] == "fuse: invalid stack size: 1" and entry["level"] == "ERROR"
+        for entry in from_libfuse
+    ), entries
+    messages = [entry["message"] for entry in entries]
+    assert "SIGTERM: flushing and unmounting" in messages, messages
+    assert ft.source is not None
+    assert (ft.source / "backup.tar").stat().st_size == 1 << 20

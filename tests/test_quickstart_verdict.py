@@ -8,11 +8,13 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # bench/ is not an installed package; import it from the tree
     sys.path.insert(0, str(REPO))
 
-from bench.brief import brief, on_target_mib  # noqa: E402
+from bench.brief import brief, main, on_target_mib  # noqa: E402
 from bench.verdict import ArmNumbers, verdict  # noqa: E402
 
 MiB = 1 << 20
@@ -121,8 +123,8 @@ def write_run(run: Path) -> None:
         w.writerow(["cell", "t", "absorbed"])
         for t in (-1, 0, 1, 2, 3, 4, 5):  # 10 MiB a second, from 100 MiB at t=0
             w.writerow(["001-seq-direct-r1", t, (100 + 10 * t) * MiB])
-        for t in (-0.5, 0.5, 4.5):  # 8 MiB a second, between samples at both ends
-            w.writerow(["002-seq-ft-adaptive-r1", t, int((50 + 8 * t) * MiB)])
+        for at in (-0.5, 0.5, 4.5):  # 8 MiB a second, between samples at both ends
+            w.writerow(["002-seq-ft-adaptive-r1", at, int((50 + 8 * at) * MiB)])
 
 
 def test_on_target_counts_the_bytes_between_the_schedules_start_and_end(tmp_path: Path) -> None:
@@ -146,3 +148,30 @@ def test_brief_prints_the_table_then_the_verdict_of_its_numbers(tmp_path: Path) 
         said
     )
     assert "Every byte of every backup was read back from the target and verified." in out
+
+
+def test_an_arm_that_did_not_complete_fails_the_brief_with_its_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The quick start once printed the direct row alone and exited 0 when the command it
+    installed could not start: the missing arm is named, with its reason, and the exit is 1."""
+    write_run(tmp_path)
+    cells = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
+    cells[1] |= {"status": "failed", "reason": "MountFailed: fusethrottle exited with 1"}
+    (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells))
+    assert main([str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "| backup written directly | 3000 |" in captured.out
+    assert "through fusethrottle" not in captured.out.split("\n\n")[0]
+    assert (
+        "not completed: through fusethrottle: failed (MountFailed: fusethrottle exited with 1)"
+        in captured.err
+    )
+
+
+def test_a_complete_run_passes_the_brief(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_run(tmp_path)
+    assert main([str(tmp_path)]) == 0
+    assert capsys.readouterr().err == ""

@@ -8,6 +8,7 @@ another build (the sanitizers' in CI).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from ..metering.meter import (
 )
 
 #: Must match FT_ENGINE_ABI of the library.
-ABI = 11
+ABI = 12
 #: Beside this file: make puts it there in a checkout, setup.py in an installed package.
 LIBRARY = Path(__file__).with_name("libfusethrottle_engine.so")
 LIBRARY_ENV = "FUSETHROTTLE_ENGINE_LIBRARY"
@@ -500,7 +501,55 @@ def load() -> ctypes.CDLL:
     )
     lib.ft_engine_free.restype = None
     lib.ft_engine_free.argtypes = (ctypes.c_void_p,)
+    lib.ft_engine_capture_libfuse_log.restype = ctypes.c_int
+    lib.ft_engine_capture_libfuse_log.argtypes = ()
+    lib.ft_engine_read_libfuse_log.restype = ctypes.c_int
+    lib.ft_engine_read_libfuse_log.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
+    lib.ft_engine_libfuse_log_dropped.restype = ctypes.c_uint64
+    lib.ft_engine_libfuse_log_dropped.argtypes = ()
     return lib
+
+
+#: libfuse's levels (fuse_log.h: FUSE_LOG_EMERG 0 .. FUSE_LOG_DEBUG 7) as logging's.
+_LIBFUSE_LEVELS = (
+    logging.CRITICAL,  # EMERG
+    logging.CRITICAL,  # ALERT
+    logging.CRITICAL,  # CRIT
+    logging.ERROR,  # ERR
+    logging.WARNING,  # WARNING
+    logging.INFO,  # NOTICE
+    logging.INFO,  # INFO
+    logging.DEBUG,  # DEBUG
+)
+_LIBFUSE_LONGEST = 1024  # LibfuseLog::kLongest
+
+
+class LibfuseLog:
+    """libfuse's own messages, which it would print on stderr as plain lines, queued by the
+    engine (process-wide, from the moment this is made) for the daemon's logger."""
+
+    def __init__(self) -> None:
+        self._lib = load()
+        fd = int(self._lib.ft_engine_capture_libfuse_log())
+        if fd < 0:
+            raise OSError(-fd, f"libfuse's log: {os.strerror(-fd)}")
+        #: Readable while messages are queued (read its 8-byte counter to reset it).
+        self.fd = fd
+        self._dropped = 0
+
+    def take(self) -> list[tuple[int, str]]:
+        """Every message queued so far, oldest first: (logging's level, the text); a gap the
+        queue's bound made is one message of its own."""
+        out: list[tuple[int, str]] = []
+        dropped = int(self._lib.ft_engine_libfuse_log_dropped())
+        if dropped > self._dropped:
+            out.append((logging.WARNING, f"{dropped - self._dropped} libfuse message(s) lost"))
+            self._dropped = dropped
+        buffer = ctypes.create_string_buffer(_LIBFUSE_LONGEST)
+        while (level := int(self._lib.ft_engine_read_libfuse_log(buffer, len(buffer)))) >= 0:
+            text = buffer.value.decode(errors="replace")
+            out.append((_LIBFUSE_LEVELS[min(level, len(_LIBFUSE_LEVELS) - 1)], text))
+        return out
 
 
 class NativeEngine:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from .held_signals import HELD_SIGNALS, release_held_signals
 from .mountinfo import find_mount
 from .options import Config, OptionError, parse_options, split_options
 from .target_probe import can_switch
@@ -198,6 +199,7 @@ def _daemonize(config: Config) -> int:
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid:
+        release_held_signals()  # Ctrl-C ends this wait, as before: the child has them held
         os.close(write_end)
         chunks = []
         while chunk := os.read(read_end, 4096):
@@ -239,7 +241,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # end it. Ignored until the daemon installs the dump (daemon.serve); the ignore is
     # inherited by the child.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # A stop sent while the daemon starts must stop it once mounted, not kill it half way
+    # (the mount left dead) nor be dropped: the PID 1 of a container (podman stop right after
+    # start) has no default action for SIGTERM, so the kernel discards one that comes before
+    # trio's handler. Held (blocked, so kept pending) from here, through the fork and the
+    # mount, until Daemon._signals has its handler and releases them; the other commands
+    # release them at once. Blocked signals are inherited by every thread made meanwhile.
+    # (Before this line, in the interpreter's start, the container's entry point holds them.)
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
     args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "-V", "--version", "status", "set", "budget"):
+        release_held_signals()
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2
@@ -262,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = parse_args(args)
         check_environment(config)
     except UsageError as err:
+        release_held_signals()
         return _fail(str(err), 2)
     try:
         return run_mount(config)

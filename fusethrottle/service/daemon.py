@@ -42,6 +42,7 @@ from ..engine.native import (
     PASSTHROUGH,
     EngineConfig,
     EngineUnavailable,
+    LibfuseLog,
     LostEvent,
     NativeEngine,
     SyncEvent,
@@ -66,6 +67,7 @@ from ..trio_compat import run_sync_abandoning
 from ..window.controller import effective_window, make_controller
 from ..window.kernel_cache import KernelCache
 from . import sdnotify
+from .held_signals import HELD_SIGNALS, release_held_signals
 from .live_settings import Change, apply_reload, apply_set
 from .logformat import JsonFormatter
 from .mountinfo import find_mount
@@ -230,25 +232,41 @@ def serve_placed(placement: Placement, on_ready: Callable[[], None] | None = Non
     config = placement.config
     # Bound before the mount: a bad address or a port in use fails it (MetricsError, one line).
     server = bind_endpoint(config.metrics) if config.metrics else None
+    libfuse: LibfuseLog | None = None
     try:
+        # Before libfuse's first word: what it says goes through our log, in its format.
+        libfuse = LibfuseLog()
         engine = NativeEngine.mount(engine_config(config, placement.direct_writes is not None))
     except (EngineUnavailable, OSError) as err:
+        if libfuse is not None:
+            write_libfuse_log(libfuse)  # its reasons first
         log.error("fusethrottle: %s", err)
         if server is not None:
             server.server_close()
         return 1
-    daemon = Daemon(engine, placement, on_ready, server)
+    write_libfuse_log(libfuse)
+    daemon = Daemon(engine, placement, on_ready, server, libfuse)
     try:
         code = trio.run(daemon.run)
     finally:
         if not daemon.abandoned:
             engine.free()
+        write_libfuse_log(libfuse)
     if daemon.abandoned:
         # Threads the target holds are inside the engine: it cannot be freed, and the
         # interpreter's exit would wait on nothing it can end. Everything is said: go.
         logging.shutdown()
         os._exit(code)
     return code
+
+
+LIBFUSE_LOG = logging.getLogger("libfuse")
+
+
+def write_libfuse_log(libfuse: LibfuseLog) -> None:
+    """What libfuse said since the last call, through the logger (logger ``libfuse``)."""
+    for level, text in libfuse.take():
+        LIBFUSE_LOG.log(level, "%s", text)
 
 
 class Daemon:
@@ -260,8 +278,10 @@ class Daemon:
         placement: Placement,
         on_ready: Callable[[], None] | None,
         server: MetricsServer | None = None,
+        libfuse: LibfuseLog | None = None,
     ) -> None:
         self.engine = engine
+        self.libfuse = libfuse
         self.placement = placement
         self.config = placement.config
         self.on_ready = on_ready
@@ -420,6 +440,8 @@ class Daemon:
                 await nursery.start(self.fleet.run)
             nursery.start_soon(self._signals)
             nursery.start_soon(self._control)
+            if self.libfuse is not None:
+                nursery.start_soon(self._libfuse_log, self.libfuse)
             await nursery.start(self.schedule.run)
             if self.guard is not None:
                 await nursery.start(self.guard.run)
@@ -524,6 +546,14 @@ class Daemon:
                 # A sysfs write can wait (on the bdi's lock): never on the event loop.
                 await trio.to_thread.run_sync(self.kernel_cache.update, total)
             self._hand_window()
+
+    async def _libfuse_log(self, libfuse: LibfuseLog) -> None:
+        """libfuse's messages while it serves (its loop's threads), as they come."""
+        while True:
+            await trio.lowlevel.wait_readable(libfuse.fd)
+            with contextlib.suppress(BlockingIOError):
+                os.read(libfuse.fd, 8)
+            write_libfuse_log(libfuse)
 
     def _take_events(self) -> None:
         """Every event the engine queued: fsyncs to the controller and the histograms, lost
@@ -665,7 +695,9 @@ class Daemon:
             self.on_ready()
 
     async def _signals(self) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        with trio.open_signal_receiver(*HELD_SIGNALS) as signals:
+            # Held since the process started (cli.main): one that came meanwhile is taken now.
+            release_held_signals()
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     if not self._stopping:

@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a structure or call below changes: Python refuses a library of another. */
-#define FT_ENGINE_ABI 11
+#define FT_ENGINE_ABI 12
 
 /* The requests the engine serves, in the order of ft_engine_stats.operations (native.py
  * names them as the FUSE operations they are). */
@@ -231,6 +231,15 @@ void ft_engine_price(const struct ft_engine_meter *meter, uint32_t cls, uint64_t
                      uint64_t *metered_bytes, uint32_t *units);
 /* After serve() has returned: unmount if still mounted and free everything. */
 void ft_engine_free(struct ft_engine *engine);
+/* libfuse's own log (process-wide, before any mount): from now on its messages are queued
+ * for ft_engine_read_libfuse_log instead of printed on stderr. A descriptor that turns readable
+ * when some are queued (read it to reset it), or minus an errno. Called again: the same. */
+int ft_engine_capture_libfuse_log(void);
+/* The oldest queued libfuse message into *out* of *size* (NUL-terminated, cut short if
+ * longer): its level (FUSE_LOG_EMERG 0 .. FUSE_LOG_DEBUG 7), or -1 when none is queued. */
+int ft_engine_read_libfuse_log(char *out, size_t size);
+/* Messages dropped so far because the control plane lagged (the queue holds 256). */
+uint64_t ft_engine_libfuse_log_dropped(void);
 
 #ifdef __cplusplus
 }
