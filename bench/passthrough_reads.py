@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import os
 import random
@@ -371,6 +372,22 @@ def summary(results: list[Measurement], arms: list[str]) -> str:
                 f"{min(rates):.0f} | {statistics.median(ratios):.3f} | {min(ratios):.3f} | "
                 f"{statistics.median(r.cpu_s_per_gib for r in mine):.2f} |"
             )
+        pairs = [
+            (r.mib_s / o.mib_s, r.cpu_s_per_gib / o.cpu_s_per_gib)
+            for r in rows
+            if r.arm == "ft-pt"
+            for o in rows
+            if o.arm == "ft-nopt" and o.repeat == r.repeat
+        ]
+        if pairs:
+            lines += [
+                "",
+                "fusethrottle with passthrough / without (ft-pt / ft-nopt, same repeat): "
+                f"rate {statistics.median(p[0] for p in pairs):.3f} median "
+                f"({min(p[0] for p in pairs):.2f}-{max(p[0] for p in pairs):.2f}), "
+                f"CPU per GiB {statistics.median(p[1] for p in pairs):.3f} median "
+                f"({min(p[1] for p in pairs):.2f}-{max(p[1] for p in pairs):.2f})",
+            ]
         lines.append("")
     by_repeat: dict[int, list[float]] = {}
     for r in results:
@@ -396,11 +413,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument(
+        "--summarize",
+        action="store_true",
+        help="only rewrite OUT/summary.md from its results.json (or .json.gz)",
+    )
     args = p.parse_args(argv)
+    arms = [a for a in args.arms.split(",") if a]
+    if args.summarize:
+        raw = args.out / "results.json"
+        text = (
+            raw.read_text()
+            if raw.exists()
+            else gzip.decompress(raw.with_suffix(".json.gz").read_bytes()).decode()
+        )
+        done = [Measurement(**x) for x in json.loads(text)]
+        head = (args.out / "summary.md").read_text().split("\n\n", 1)[0]
+        (args.out / "summary.md").write_text(f"{head}\n\n{summary(done, arms)}")
+        return 0
     if os.geteuid() != 0:
         print("bench.passthrough_reads: needs root (mounts, passthrough)", file=sys.stderr)
         return 2
-    arms = [a for a in args.arms.split(",") if a]
     workloads = [w for w in args.workloads.split(",") if w]
     args.out.mkdir(parents=True, exist_ok=True)
     logs = args.out / "logs"
