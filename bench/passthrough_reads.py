@@ -258,9 +258,15 @@ def arm_mount(arm: str, target: Path, mnt: Path, logs: Path, hp: Path | None) ->
                 if said:
                     break
                 time.sleep(0.05)
+            # An arm that is not what its name says would measure something else, silently.
+            wanted = {"ft-pt": "on", "ft-nopt": "off (FUSETHROTTLE_PASSTHROUGH=off)"}.get(arm)
+            if wanted is not None and not said.startswith(wanted):
+                raise RuntimeError(f"{arm}: the daemon says passthrough: {said or 'nothing'}")
         else:
             said = "off (--nopassthrough)" if arm == "hp-nopt" else "on (default)"
         yield Mounted(mnt, proc.pid, said or "not said")
+        if arm == "hp-pt" and "disabling rw passthrough" in log.read_text():
+            raise RuntimeError("hp-pt: passthrough_hp turned its passthrough off")
     finally:
         for _ in range(300):  # a reader cut short may hold it busy for a moment
             if (
