@@ -368,6 +368,11 @@ case $libfuse in
     *) expected_passthrough="passthrough: on" ;;
 esac
 says_passthrough() {
+    # Said once the control plane first reads the engine's stats, a moment after the mount.
+    for ((i = 0; i < 100; i++)); do
+        grep -qF "passthrough:" "$work/passthrough.log" && break
+        sleep 0.1
+    done
     grep -F "passthrough:" "$work/passthrough.log" || true
     [ "$(grep -c "passthrough:" "$work/passthrough.log")" -eq 1 ] &&
         grep -qF "$expected_passthrough" "$work/passthrough.log"
@@ -392,6 +397,24 @@ check "a writer beside a reader: refused with passthrough, let in without; after
     writer_waits_for_reader || true
 timeout 60 umount "$pt" || fail "umount of the writeback_cache=no mount"
 wait_gone "$pt_pid" 60 || fail "the writeback_cache=no mount's daemon (pid $pt_pid) exits after umount"
+# FUSETHROTTLE_PASSTHROUGH=off (what bench.passthrough_reads compares against) leaves the reads
+# to the engine where the kernel would take them: said so, and a writer beside a reader is let in.
+if [ "$expected_passthrough" = "passthrough: on" ]; then
+    FUSETHROTTLE_PASSTHROUGH=off fusethrottle "$src" "$pt" -f -o writeback_cache=no \
+        >"$work/passthrough.log" 2>&1 &
+    pt_pid=$!
+    daemon_pids+=("$pt_pid")
+    for ((i = 0; i < mount_timeout * 10; i++)); do
+        [ -n "$(fstype_at "$pt")" ] && break
+        kill -0 "$pt_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    expected_passthrough="passthrough: off (FUSETHROTTLE_PASSTHROUGH=off)"
+    check "FUSETHROTTLE_PASSTHROUGH=off says '$expected_passthrough' once" says_passthrough || true
+    check "with it off, a writer beside a reader is let in" writer_waits_for_reader || true
+    timeout 60 umount "$pt" || fail "umount of the FUSETHROTTLE_PASSTHROUGH=off mount"
+    wait_gone "$pt_pid" 60 || fail "that mount's daemon (pid $pt_pid) exits after umount"
+fi
 
 # --- a mount set up for the removed Python data plane -------------------------------------------
 # fstab lines written while two data planes existed may say engine=python: one clear line, a

@@ -346,6 +346,7 @@ PASSTHROUGH = {
     2: "off (the kernel lacks it)",
     3: "off (writeback_cache=no turns it on)",
     4: "off (no CAP_SYS_ADMIN)",
+    5: "off (FUSETHROTTLE_PASSTHROUGH=off)",
 }
 
 

@@ -138,7 +138,8 @@ struct ft_engine_stats {
   int32_t passthrough;            /* reads of files open for reading only go to the kernel
                                    * (FUSE passthrough): 1 on; off: 0 built against a libfuse
                                    * before 3.17, 2 the kernel lacks it, 3 the mount uses the
-                                   * write-back cache, 4 no CAP_SYS_ADMIN */
+                                   * write-back cache, 4 no CAP_SYS_ADMIN, 5 turned off by
+                                   * FUSETHROTTLE_PASSTHROUGH=off */
   uint64_t passthrough_opens;     /* opens whose reads the kernel served, in all */
 };
 

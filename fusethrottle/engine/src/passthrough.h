@@ -32,6 +32,7 @@ enum class PassthroughState : int {
   kOffKernel = 2,     // the kernel does not offer it (before 6.9, or built without it)
   kOffWriteback = 3,  // the mount uses the kernel's write-back cache
   kOffPrivilege = 4,  // the daemon lacks CAP_SYS_ADMIN
+  kOffAsked = 5,      // FUSETHROTTLE_PASSTHROUGH=off in the daemon's environment
 };
 
 class Passthrough {
