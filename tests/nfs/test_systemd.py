@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mount_util import status_json, wait_for
+from mount_util import wait_for
+
+from fusethrottle.observability.status_client import find_mount_of, query
 
 from .lab import IN_LAB, fresh_dir
 
@@ -44,15 +46,20 @@ pytestmark = pytest.mark.skipif(
 )
 #: The lab's export disk (guest.DISK): the protected unit's io stalls are its reads of it.
 DISK = "/dev/vda"
-#: How fast the stalling units may read DISK (io.max through systemd): each of their reads
-#: then waits, so the unit's io pressure is near 100% while it reads.
+#: How fast the stalling units may read DISK (io.max through systemd, whose K is 1000): each
+#: of their reads then waits, so the unit's io pressure is near 100% while it reads.
 STALL_READ_LIMIT = "256K"
+#: Idle, the unit waits on a FIFO nobody writes (bash's read: no process per look; under TCG a
+#: sleep(1) every 0.1 s cost a vCPU's worth).
 STALL_SCRIPT = """\
+fifo=/run/$$.idle
+mkfifo "$fifo"
+exec 3<>"$fifo"
 while :; do
     if [ -e "$1" ]; then
         dd if={disk} of=/dev/null bs=64k count=8 iflag=direct status=none
     else
-        sleep 0.1
+        read -r -t 0.2 -u 3 || true
     fi
 done
 """
@@ -63,6 +70,12 @@ def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and out.returncode != 0:
         raise AssertionError(f"{' '.join(argv)}: exit {out.returncode}: {out.stderr.strip()}")
     return out
+
+
+def status_json(mountpoint: Path) -> dict[str, Any]:
+    """The mount's status, asked on its status socket from this process (under TCG a
+    ``fusethrottle status`` process took over 30 s to start beside a backup)."""
+    return query(find_mount_of(str(mountpoint)), "status", timeout=60)
 
 
 def record(name: str, facts: dict[str, Any]) -> None:
@@ -199,7 +212,7 @@ def test_a_reload_during_a_backup_applies_the_new_file_and_refuses_an_invalid_on
     unit_installed: None,
 ) -> None:
     source = fresh_dir("rw")[0]
-    mnt = Path("/mnt/ft-reload")
+    mnt = Path("/mnt/ftreload")
     before = "mode=static,batch=16M,window=64M,metered_limit=4M"
     with service(mnt, source, before) as svc:
         assert svc.show("ActiveState") == "active"
@@ -275,7 +288,7 @@ def stalling_unit(name: str, flag: Path) -> Iterator[Path]:
     try:
         cgroup = Path("/sys/fs/cgroup/system.slice") / unit
         assert wait_for(lambda: (cgroup / "io.pressure").exists(), timeout=30)
-        assert f"rbps={int(STALL_READ_LIMIT[:-1]) * 1024}" in (cgroup / "io.max").read_text()
+        assert f"rbps={int(STALL_READ_LIMIT[:-1]) * 1000} " in (cgroup / "io.max").read_text()
         yield cgroup
     finally:
         flag.unlink(missing_ok=True)
@@ -298,7 +311,7 @@ def test_the_guard_on_a_units_cgroup_cuts_the_backup_when_that_unit_stalls_not_a
     unit_installed: None,
 ) -> None:
     source = fresh_dir("rw")[0]
-    mnt = Path("/mnt/ft-guard")
+    mnt = Path("/mnt/ftguard")
     db_flag, other_flag = Path("/run/ftlab-db.stall"), Path("/run/ftlab-other.stall")
     floor = 1 * MiB
     with (
