@@ -3,6 +3,7 @@ commands, a throttled directory target in the plan, and the two-VM layout's qemu
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -143,6 +144,26 @@ def test_two_vm_link_is_a_loopback_socket_with_one_mac_each() -> None:
     assert "-nic" not in argv and client[1] in argv
     one = vm.qemu_argv(boot, vm.Machine("tcg"), init=Path("/init"), console=Path("/c"))
     assert one[one.index("-nic") + 1] == "none"
+
+
+def test_a_systemd_guest_boots_its_init_on_the_unified_hierarchy(tmp_path: Path) -> None:
+    boot = vm.Boot(Path("/k"), Path("/i"), Path("/m"), "6.12")
+    init = vm.GUEST / vm.INITS["systemd"]
+    argv = vm.qemu_argv(
+        boot, vm.Machine("tcg"), init=init, console=Path("/c"),
+        kernel_args=vm.INIT_KERNEL_ARGS["systemd"],
+    )  # fmt: skip
+    append = argv[argv.index("-append") + 1].split()
+    assert f"ftlab_init={init}" in append and "systemd.unified_cgroup_hierarchy=1" in append
+    assert init.exists() and os.access(init, os.X_OK)
+    assert os.access(vm.GUEST / "systemd-job", os.X_OK)
+    lab = vm.qemu_argv(boot, vm.Machine("tcg"), init=vm.GUEST / "init", console=Path("/c"))
+    assert not [a for a in lab[lab.index("-append") + 1].split() if a.startswith("systemd.")]
+    with pytest.raises(ValueError, match="boots the lab's own init only"):
+        vm.run_job(
+            boot, vm.Machine("tcg"), "plain", [], tmp_path, lab_dir=tmp_path, layout="two",
+            init="systemd",
+        )  # fmt: skip
 
 
 def test_the_writer_waits_for_its_start_time(tmp_path: Path) -> None:

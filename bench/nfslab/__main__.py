@@ -48,6 +48,12 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--layout", choices=("one", "two"), default="one", help="two: the server in a VM of its own"
     )
+    e.add_argument(
+        "--init",
+        choices=sorted(vm.INITS),
+        default="lab",
+        help="systemd: boot systemd as PID 1 (cgroup v2) and run CMD as its one job service",
+    )
     e.add_argument("argv", nargs=argparse.REMAINDER)
     return p
 
@@ -98,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             job = vm.run_job(
                 boot, machine, args.profile, [vm.Command("exec", args.argv[1:], {}, args.timeout)],
                 args.out, lab_dir=args.lab_dir, timeout=args.timeout + 120, layout=args.layout,
+                init=args.init,
             )  # fmt: skip
             sys.stdout.write((args.out / "exec.log").read_text(errors="replace"))
             return 0 if _report("exec", job, args.out) else 1
@@ -134,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             job = vm.run_job(
                 boot, machine, profile, commands, out / profile,
                 lab_dir=args.lab_dir, timeout=args.timeout, layout=suite.layout,
+                init=suite.init,
             )  # fmt: skip
             ok = _report(profile, job, out / profile) and ok
             guest_probe = job.result.get("cpu_probe_seconds")

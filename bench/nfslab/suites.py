@@ -27,6 +27,8 @@ class Suite:
     #: ``one``: server and clients in one VM; ``two``: the server in a VM of its own
     #: (vm.run_pair), for tests where the client's memory pressure must not reach the server.
     layout: str = "one"
+    #: ``lab``: the lab's own init is PID 1; ``systemd``: systemd is, on cgroup v2 (vm.INITS).
+    init: str = "lab"
 
 
 def _pytest(
@@ -104,6 +106,13 @@ SUITES: dict[str, Suite] = {
         (_neighbour("db", schedule=CONTAINER_SCHEDULE, name="db-256K"),),
         bench=True,
         layout="two",
+    ),
+    "systemd": Suite(
+        "issue 54 under a real systemd (PID 1, cgroup v2): systemctl reload of "
+        "fusethrottle@.service during a backup, and the pressure guard naming a unit's cgroup",
+        ("plain",),
+        (_pytest("systemd", "tests/nfs/test_systemd.py", timeout=1500),),
+        init="systemd",
     ),
     "neighbour-smoke": Suite(
         "the neighbour suite at 1 repeat (a check that it runs, not numbers)",

@@ -71,6 +71,12 @@ SERVER_MEMORY_MIB = 1024
 #: tmpfs overlay, where fdatasync returns at once.
 VICTIM_DISK_SIZE = 4 << 30
 SERVER_READY_TIMEOUT = 600.0
+#: What becomes PID 1 on the guest's overlay root: the lab's own script (guest/init), or
+#: systemd (guest/systemd-init: systemd on cgroup v2 starting only the job's target).
+INITS = {"lab": "init", "systemd": "systemd-init"}
+#: Kernel arguments of each init: systemd must find the unified hierarchy whatever its build's
+#: default.
+INIT_KERNEL_ARGS = {"lab": "", "systemd": "systemd.unified_cgroup_hierarchy=1"}
 
 
 def socket_nic(role: str, port: int) -> list[str]:
@@ -92,8 +98,10 @@ def qemu_argv(
     job_dir: Path | None = None,
     disk: Path | None = None,
     nic: list[str] | None = None,
+    kernel_args: str = "",
 ) -> list[str]:
     """The qemu command line of a lab VM (pure); *nic*: the two-VM link (default: none)."""
+    append = f"console=ttyS0 quiet panic=-1 ftlab_init={init}"
     argv = [
         "qemu-system-x86_64",
         *_accel_args(machine.accel),
@@ -104,7 +112,7 @@ def qemu_argv(
         *(nic or ["-nic", "none"]),
         "-kernel", str(boot.kernel),
         "-initrd", str(boot.initrd),
-        "-append", f"console=ttyS0 quiet panic=-1 ftlab_init={init}",
+        "-append", f"{append} {kernel_args}".rstrip(),
         "-virtfs",
         "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
     ]  # fmt: skip
@@ -194,14 +202,19 @@ def run_job(
     lab_dir: Path,
     timeout: float = 3600.0,
     layout: str = "one",
+    init: str = "lab",
 ) -> JobResult:
     """Boot, run *commands* in the guest under *profile*, copy the results to *out_dir*.
 
     *layout* ``one``: server and clients in one VM (guest.py's default). ``two``: the server
     in a VM of its own, so that memory pressure in the client cannot reach the server's kernel
     (a loopback NFS server can deadlock its client under memory pressure): see
-    :func:`run_pair`."""
+    :func:`run_pair`. *init* ``systemd``: systemd is the guest's PID 1 (one VM only)."""
+    if init not in INITS:
+        raise ValueError(f"unknown lab init {init!r} ({', '.join(INITS)})")
     if layout == "two":
+        if init != "lab":
+            raise ValueError("the two-VM layout boots the lab's own init only")
         return run_pair(boot, machine, profile, commands, out_dir, lab_dir=lab_dir, timeout=timeout)
     if layout != "one":
         raise ValueError(f"unknown lab layout {layout!r} (one, two)")
@@ -223,8 +236,9 @@ def run_job(
         make_disk(disk)
         console = job_dir / "console.log"
         argv = qemu_argv(
-            boot, machine, init=GUEST / "init", console=console, job_dir=job_dir, disk=disk
-        )
+            boot, machine, init=GUEST / INITS[init], console=console, job_dir=job_dir,
+            disk=disk, kernel_args=INIT_KERNEL_ARGS[init],
+        )  # fmt: skip
         start = time.monotonic()
         try:
             subprocess.run(argv, timeout=timeout, capture_output=True, check=False)
