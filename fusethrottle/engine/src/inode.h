@@ -144,8 +144,11 @@ class Inode : public std::enable_shared_from_this<Inode> {
     return now == Place::kOwing || now == Place::kGone;
   }
 
-  FileLedger ledger;  // its un-synced data: guarded by the window's lock (Window::lock_)
-  KernelView view;    // what the kernel was shown of it (regular files, writeback cache)
+  // Its un-synced data and its one open count (FileLedger::opens): the window's lock.
+  FileLedger ledger;
+  // What the kernel was shown of it (regular files, writeback cache): its own leaf lock; the
+  // open count it decides with is the ledger's, read through the window (Window::looked_up).
+  KernelView view;
 
  private:
   friend class InodeTable;
@@ -257,7 +260,8 @@ class InodeTable {
   // The one place a file's Place changes (under the table's lock).
   void move(Inode& inode, Place to);
   std::atomic<uint64_t> illegal_moves_{0};
-  // The table's lock: first in the engine's order. Held, it may take the window's lock
+  // The table's lock: first in the engine's order (this one, then Window::lock_, then a
+  // KernelView's, a leaf). Held, it may take the window's lock
   // (forget asks Window::forgotten); nothing it calls takes it again, and no callback of its
   // own (full_, the window's settled_) runs under it. Taken with nothing else held.
   std::mutex lock_;
