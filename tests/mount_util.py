@@ -162,6 +162,18 @@ def fusermount_unmount(path: str | Path, lazy: bool = False) -> subprocess.Compl
     return subprocess.run(args, capture_output=True, text=True, timeout=STOP_TIMEOUT, check=False)
 
 
+def held_by(pid: int, directory: Path) -> list[str]:
+    """What the descriptors of *pid* hold under *directory* (a removed file's link ends in
+    " (deleted)")."""
+    held = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith(f"{directory}/"):
+                held.append(target)
+    return held
+
+
 def status_json(mountpoint: Path) -> dict[str, Any]:
     """What ``fusethrottle status --json`` says of the mount."""
     out = subprocess.run(

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MakeMount
-from mount_util import Daemon, status_json, wait_for
+from mount_util import Daemon, held_by, status_json, wait_for
 
 from fusethrottle.engine.native import OPERATIONS
 
@@ -73,18 +73,6 @@ def threads_waiting_on_fuse(pid: int) -> int:
     with contextlib.suppress(OSError):
         return sum(waits_on_fuse(int(task.name)) for task in tasks.iterdir())
     return 0
-
-
-def held_by(pid: int, directory: Path) -> list[str]:
-    """What the descriptors of *pid* hold under *directory* (a removed file's link ends in
-    " (deleted)")."""
-    held = []
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith(f"{directory}/"):
-                held.append(target)
-    return held
 
 
 # --- an interrupt read before its request registered for it -------------------------------------

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MakeMount
-from mount_util import Daemon, status_json, wait_for
+from mount_util import Daemon, held_by, status_json, wait_for
 from test_engine_hardening_requests import mutex_check_library
 
 from fusethrottle._libc import syncfs
@@ -137,16 +137,6 @@ def acknowledged(logs: list[Path]) -> dict[str, int]:
             if len(parts) == 2 and parts[1].isdigit():
                 sizes[parts[0]] = max(sizes.get(parts[0], 0), int(parts[1]))
     return sizes
-
-
-def held_by(pid: int, directory: Path) -> list[str]:
-    held = []
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith(f"{directory}/"):
-                held.append(target)
-    return held
 
 
 @pytest.mark.parametrize("cache", ["yes", "no"])

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "caller.h"
@@ -143,12 +144,21 @@ struct ft_engine {
 
 namespace {
 
-// What a layout lists: a structure's size, then each field's offset.
-#define FT_FIELD(type, field) offsetof(type, field)
 template <size_t N>
 size_t copy_layout(const size_t (&layout)[N], size_t* out, size_t max) {
   for (size_t i = 0; i < N && i < max && out != nullptr; i++) out[i] = layout[i];
   return N;
+}
+// The layout of *T* as the control plane checks it at load (native.py): its size, then the
+// offset of each field named, in the order given; how many values that is.
+template <typename T, typename... Types>
+size_t layout_of(size_t* out, size_t max, Types T::*... fields) {
+  static_assert(std::is_standard_layout_v<T>);
+  static const T probe{};
+  const char* base = reinterpret_cast<const char*>(&probe);
+  const size_t layout[] = {
+      sizeof(T), static_cast<size_t>(reinterpret_cast<const char*>(&(probe.*fields)) - base)...};
+  return copy_layout(layout, out, max);
 }
 
 // A duration from the control plane as the engine may use it: from none to a century (past
@@ -213,55 +223,37 @@ int ft_engine_abi(void) { return FT_ENGINE_ABI; }
 size_t ft_engine_layout(uint32_t which, size_t* out, size_t max) {
   switch (which) {
     case FT_LAYOUT_CONFIG: {
-      const size_t layout[] = {
-          sizeof(ft_engine_config), FT_FIELD(ft_engine_config, source),
-          FT_FIELD(ft_engine_config, mountpoint), FT_FIELD(ft_engine_config, fuse_options),
-          FT_FIELD(ft_engine_config, writeback_cache), FT_FIELD(ft_engine_config, entry_timeout),
-          FT_FIELD(ft_engine_config, attr_timeout), FT_FIELD(ft_engine_config, max_threads),
-          FT_FIELD(ft_engine_config, switch_credentials), FT_FIELD(ft_engine_config, xattrs),
-          FT_FIELD(ft_engine_config, enforce), FT_FIELD(ft_engine_config, inject),
-          FT_FIELD(ft_engine_config, window), FT_FIELD(ft_engine_config, batch),
-          FT_FIELD(ft_engine_config, max_age), FT_FIELD(ft_engine_config, admission_timeout),
-          FT_FIELD(ft_engine_config, writeback_pieces), FT_FIELD(ft_engine_config, drop_synced),
-          FT_FIELD(ft_engine_config, sync_threads), FT_FIELD(ft_engine_config, killpriv_v2),
-          FT_FIELD(ft_engine_config, target_decides), FT_FIELD(ft_engine_config, meter),
-          FT_FIELD(ft_engine_config, admission_bounds), FT_FIELD(ft_engine_config, uncached)};
-      return copy_layout(layout, out, max);
+      using C = ft_engine_config;
+      return layout_of<C>(out, max, &C::source, &C::mountpoint, &C::fuse_options,
+          &C::writeback_cache, &C::entry_timeout, &C::attr_timeout, &C::max_threads,
+          &C::switch_credentials, &C::xattrs, &C::enforce, &C::inject, &C::window, &C::batch,
+          &C::max_age, &C::admission_timeout, &C::writeback_pieces, &C::drop_synced,
+          &C::sync_threads, &C::killpriv_v2, &C::target_decides, &C::meter, &C::admission_bounds,
+          &C::uncached);
     }
     case FT_LAYOUT_METER: {
-      const size_t layout[] = {
-          sizeof(ft_engine_meter), FT_FIELD(ft_engine_meter, data_min),
-          FT_FIELD(ft_engine_meter, meta_min), FT_FIELD(ft_engine_meter, granule),
-          FT_FIELD(ft_engine_meter, read_factor), FT_FIELD(ft_engine_meter, read_units),
-          FT_FIELD(ft_engine_meter, write_units), FT_FIELD(ft_engine_meter, classes),
-          FT_FIELD(ft_engine_meter, metered_limit), FT_FIELD(ft_engine_meter, ops_limit),
-          FT_FIELD(ft_engine_meter, throttle_reads), FT_FIELD(ft_engine_meter, fleet)};
-      return copy_layout(layout, out, max);
+      using M = ft_engine_meter;
+      return layout_of<M>(out, max, &M::data_min, &M::meta_min, &M::granule, &M::read_factor,
+          &M::read_units, &M::write_units, &M::classes, &M::metered_limit, &M::ops_limit,
+          &M::throttle_reads, &M::fleet);
     }
     case FT_LAYOUT_STATS: {
       // Its size only: its fields are many, and read, never written, by the control plane.
-      const size_t layout[] = {sizeof(ft_engine_stats)};
-      return copy_layout(layout, out, max);
+      return layout_of<ft_engine_stats>(out, max);
     }
     case FT_LAYOUT_EVENT: {
-      const size_t layout[] = {
-          sizeof(ft_engine_event), FT_FIELD(ft_engine_event, kind), FT_FIELD(ft_engine_event, reason),
-          FT_FIELD(ft_engine_event, error), FT_FIELD(ft_engine_event, unused),
-          FT_FIELD(ft_engine_event, node), FT_FIELD(ft_engine_event, bytes),
-          FT_FIELD(ft_engine_event, seconds), FT_FIELD(ft_engine_event, at),
-          FT_FIELD(ft_engine_event, path)};
-      return copy_layout(layout, out, max);
+      using E = ft_engine_event;
+      return layout_of<E>(out, max, &E::kind, &E::reason, &E::error, &E::unused, &E::node,
+          &E::bytes, &E::seconds, &E::at, &E::path);
     }
     case FT_LAYOUT_ERROR: {
-      const size_t layout[] = {sizeof(ft_engine_error), FT_FIELD(ft_engine_error, op),
-                               FT_FIELD(ft_engine_error, error), FT_FIELD(ft_engine_error, count)};
-      return copy_layout(layout, out, max);
+      using R = ft_engine_error;
+      return layout_of<R>(out, max, &R::op, &R::error, &R::count);
     }
     default:
       return 0;
   }
 }
-#undef FT_FIELD
 
 ft_engine* ft_engine_mount(const ft_engine_config* config, char* error, size_t error_size) {
   // Nothing may leave through the C boundary: an exception (a thread that could not start,

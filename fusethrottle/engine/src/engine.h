@@ -137,6 +137,10 @@ class Engine {
   SessionIo io_;
   Relief relief_{inodes_, window_};  // after the session: its thread ends first
   std::array<std::atomic<uint64_t>, FT_OP_COUNT> operations_{};
+  // The mount's open handles, files and directories alike (handles.h: Tally), for status and
+  // metrics only: an aggregate nobody decides a file's fate by, not a third per-file open count
+  // (a file's is FileLedger::opens, the window's). Not derived from that count: directories
+  // have none, and a sum over every file would take the table's lock for each status read.
   std::atomic<uint64_t> open_handles_{0};
   bool mounted_ = false;
   std::atomic<bool> writeback_cache_{false};

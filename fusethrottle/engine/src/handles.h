@@ -47,19 +47,18 @@ class Handle : public std::enable_shared_from_this<Handle> {
   std::shared_ptr<Handle> kernels_;  // the kernel's hold, from open to release
 };
 
-// An open file of the mount. When its last holder lets go, the kernel's view of the file
-// counts one open less and the window takes its descriptor (for the file's release sync).
+// An open file of the mount. When its last holder lets go, the file's open count (the
+// window's) is one less and the window takes its descriptor (for the file's release sync).
 struct OpenFile : Handle {
-  // Made once the window counted the open (Window::opened) and *view* (null: none kept).
-  OpenFile(std::atomic<uint64_t>& handles, Window& window, std::shared_ptr<Inode> inode,
-           KernelView* view)
-      : Handle(handles), window_(window), inode_(std::move(inode)), view_(view) {}
+  // Made once the window counted the open (Window::Opening, kept from then on: this handle's
+  // release ends the count).
+  OpenFile(std::atomic<uint64_t>& handles, Window& window, std::shared_ptr<Inode> inode)
+      : Handle(handles), window_(window), inode_(std::move(inode)) {}
   ~OpenFile() override {
     uncached.reset();  // before the window may let go of the file (removal.h)
-    if (view_ != nullptr) view_->closed();
     window_.released(inode_, std::move(fd), closing_.load(std::memory_order_acquire));
   }
-  // Its process closed it (FLUSH): its RELEASE may be on its way (Window::await_releases).
+  // Its process closed it (FLUSH): its RELEASE may be on its way (Window::at_open, let_go).
   void flushed() {
     if (!closing_.exchange(true, std::memory_order_acq_rel)) window_.closing(*inode_, true);
   }
@@ -80,7 +79,6 @@ struct OpenFile : Handle {
  private:
   Window& window_;
   std::shared_ptr<Inode> inode_;
-  KernelView* view_;
   std::atomic<bool> closing_{false};
 };
 

@@ -56,6 +56,7 @@ void InodeTable::move(Inode& inode, Place to) {
 #endif
   }
   inode.place_.store(to, std::memory_order_release);
+  if (to == Place::kGone) shrunk_.notify_all();  // out of the table: it holds one file less
 }
 
 namespace {
@@ -299,6 +300,12 @@ std::vector<fuse_ino_t> InodeTable::nodes() {
 size_t InodeTable::size() {
   std::lock_guard<std::mutex> guard(lock_);
   return known_.size() + detached_.size();
+}
+
+bool InodeTable::wait_for_size(size_t count, std::chrono::milliseconds bound) {
+  std::unique_lock<std::mutex> guard(lock_);
+  return shrunk_.wait_for(guard, bound,
+                          [&] { return known_.size() + detached_.size() <= count; });
 }
 
 }  // namespace ft

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -144,8 +145,11 @@ class Inode : public std::enable_shared_from_this<Inode> {
     return now == Place::kOwing || now == Place::kGone;
   }
 
-  FileLedger ledger;  // its un-synced data: guarded by the window's lock (Window::lock_)
-  KernelView view;    // what the kernel was shown of it (regular files, writeback cache)
+  // Its un-synced data and its one open count (FileLedger::opens): the window's lock.
+  FileLedger ledger;
+  // What the kernel was shown of it (regular files, writeback cache): its own leaf lock; the
+  // open count it decides with is the ledger's, read through the window (Window::looked_up).
+  KernelView view;
 
  private:
   friend class InodeTable;
@@ -249,6 +253,9 @@ class InodeTable {
   std::vector<Name> oldest_names(size_t count, std::chrono::steady_clock::duration again);
 
   size_t size();
+  // Wait until the table holds at most *count* files, at most *bound*: woken by each file that
+  // leaves it (a move to kGone), not by polling. False if it still holds more.
+  bool wait_for_size(size_t count, std::chrono::milliseconds bound);
   // Moves a file's life was asked to make that `legal` refuses (each one also logged; a
   // checked build, FT_CHECK_MOVES, aborts instead): none, ever.
   uint64_t illegal_moves() const { return illegal_moves_.load(std::memory_order_relaxed); }
@@ -257,10 +264,12 @@ class InodeTable {
   // The one place a file's Place changes (under the table's lock).
   void move(Inode& inode, Place to);
   std::atomic<uint64_t> illegal_moves_{0};
-  // The table's lock: first in the engine's order. Held, it may take the window's lock
+  // The table's lock: first in the engine's order (this one, then Window::lock_, then a
+  // KernelView's, a leaf). Held, it may take the window's lock
   // (forget asks Window::forgotten); nothing it calls takes it again, and no callback of its
   // own (full_, the window's settled_) runs under it. Taken with nothing else held.
   std::mutex lock_;
+  std::condition_variable shrunk_;  // a file left the table (wait_for_size), under lock_
   std::unordered_map<InodeKey, std::shared_ptr<Inode>, InodeKeyHash> known_;
   // Out of the lookup by key (let go of before a removal, or retired) but still held by the
   // kernel.

@@ -1,10 +1,14 @@
 #include "kernel_pages.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <vector>
 
+#include "fd.h"
 #include "inode.h"
 #include "thread_name.h"
 
@@ -12,7 +16,24 @@ namespace ft {
 
 namespace {
 const int64_t kPage = ::sysconf(_SC_PAGESIZE);
+
+// Test only (tests/test_engine_hardening_stop.py): with FUSETHROTTLE_TEST_HOLD_PAGE_DROP
+// naming a FIFO, the thread's first drop waits before it is sent until the FIFO was opened for
+// writing and closed again (a blocking open and read: no polling), so that a test can dirty a
+// page of the range on a hung target first and have the kernel hold the drop behind it.
+void test_hold_page_drop() {
+  static const char* fifo = std::getenv("FUSETHROTTLE_TEST_HOLD_PAGE_DROP");
+  static bool done = false;  // (the page-drop thread's alone)
+  if (fifo == nullptr || *fifo == '\0' || done) return;
+  done = true;
+  std::fprintf(stderr, "fusethrottle engine: test: a page drop waits for %s\n", fifo);
+  Fd held(::open(fifo, O_RDONLY | O_CLOEXEC));
+  char byte;
+  while (held && ::read(held.get(), &byte, 1) > 0) {
+  }
+  std::fprintf(stderr, "fusethrottle engine: test: the page drop goes on\n");
 }
+}  // namespace
 
 void KernelPages::start(fuse_session* session) {
   session_ = session;
@@ -72,6 +93,7 @@ void KernelPages::run(const std::shared_ptr<State>& state, InodeTable& table, fu
       if (s.stopping) return;
       fuse_ino_t node = table.node_of(*r.inode);
       guard.unlock();
+      test_hold_page_drop();
       // -ENOENT: the kernel forgot the file, and its pages with it.
       if (fuse_lowlevel_notify_inval_inode(session, node, r.lo, r.hi - r.lo) == 0)
         s.dropped.fetch_add(1, std::memory_order_relaxed);

@@ -21,11 +21,11 @@ void KernelView::show(const struct stat& st) {
   mtime_ = mtime_of(st);
 }
 
-uint64_t KernelView::looked_up(const struct stat& st, uint64_t since) {
+uint64_t KernelView::looked_up(const struct stat& st, uint64_t since, bool open) {
   std::lock_guard<std::mutex> guard(lock_);
   if (written_since(since)) return generation_;  // our own change is newer than this stat
   if (changed(st)) {
-    if (opens_ > 0) return generation_;  // the kernel keeps its own until the last close
+    if (open) return generation_;  // the kernel keeps its own until the last close
     generation_++;
   }
   show(st);
@@ -43,19 +43,9 @@ uint64_t KernelView::generation() const {
   return generation_;
 }
 
-void KernelView::opening() {
+KernelView::AtOpen KernelView::opened(const struct stat& st, uint64_t since, int others) {
   std::lock_guard<std::mutex> guard(lock_);
-  opens_++;
-}
-
-void KernelView::closed() {
-  std::lock_guard<std::mutex> guard(lock_);
-  if (opens_ > 0) opens_--;
-}
-
-KernelView::AtOpen KernelView::opened(const struct stat& st, uint64_t since) {
-  std::lock_guard<std::mutex> guard(lock_);
-  return {!written_since(since) && changed(st), opens_ <= 1};
+  return {!written_since(since) && changed(st), others <= 0};
 }
 
 void KernelView::truncated() {

@@ -29,24 +29,23 @@ class KernelView {
 
   // A lookup found the file with *st*, stat taken after *since*: the generation its entry
   // carries, a new one if the file changed on the target since the kernel was shown it and
-  // nobody has it open.
-  uint64_t looked_up(const struct stat& st, uint64_t since);
+  // nobody has it open (*open*: the file's open count, which is the window's, is not 0; read
+  // under the window's lock held across this call: Window::looked_up).
+  uint64_t looked_up(const struct stat& st, uint64_t since, bool open);
   // The entry of a file this mount just made or linked: shown as it is.
   uint64_t made(const struct stat& st, uint64_t since);
   uint64_t generation() const;
 
-  // Opens through the mount, counted from before the target's open (a lookup meanwhile must
-  // not drop the inode the open is for) to the release.
-  void opening();
-  void closed();
   // An open of the file found it with *st* (stat taken after *since*): whether it changed on
-  // the target since the kernel was shown it, and whether this open is the only one (a
-  // handle closed but not yet released still counts: see Window::await_releases).
+  // the target since the kernel was shown it, and whether this open is the only one: *others*
+  // is the file's open count less this open, read under the window's lock (Window::at_open).
+  // The count is not kept here: it is the window's alone (FileLedger::opens), from before the
+  // target's open (Window::opening) to the release.
   struct AtOpen {
     bool changed = false;
     bool alone = false;
   };
-  AtOpen opened(const struct stat& st, uint64_t since);
+  AtOpen opened(const struct stat& st, uint64_t since, int others);
   // Opened with O_TRUNC: the kernel knows the size it made.
   void truncated();
 
@@ -82,14 +81,14 @@ class KernelView {
   void show(const struct stat& st);
 
   static std::atomic<uint64_t> clock_;
-  // A leaf lock: taken with the table's or the window's held or not, it takes no other.
+  // A leaf lock: taken with the table's or the window's held or not (lock order: the table's,
+  // then the window's, then this one), it takes no other.
   mutable std::mutex lock_;
   uint64_t generation_ = 0;
   int64_t size_ = -1;   // what the kernel holds as its size; -1: not known
   int64_t mtime_ = -1;  // the target's mtime when the kernel was shown it; -1: not known
   uint64_t last_change_ = 0;  // the clock when our last change of it ended
   int in_flight_ = 0;         // changes of ours under way
-  int opens_ = 0;
 };
 
 }  // namespace ft

@@ -135,9 +135,12 @@ int look_up(Engine& engine, fuse_ino_t parent, const char* name, fuse_entry_para
   entry->entry_timeout = engine.options().entry_timeout;
   entry->ino = engine.inodes().remember(std::move(fd), entry->attr, std::move(handle));
   engine.inodes().named(entry->ino, parent, name);
-  if (KernelView* view = view_of(engine, engine.inodes().get(entry->ino))) {
-    entry->generation = found == Found::kLookedUp ? view->looked_up(entry->attr, since)
-                                                  : view->made(entry->attr, since);
+  Inode& inode = engine.inodes().get(entry->ino);
+  if (KernelView* view = view_of(engine, inode)) {
+    // A lookup's decision reads the file's open count, the window's (Window::looked_up).
+    entry->generation = found == Found::kLookedUp
+                            ? engine.window().looked_up(inode, entry->attr, since)
+                            : view->made(entry->attr, since);
   }
   return 0;
 }
@@ -631,10 +634,10 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   }
   note_writer(engine.inodes().get(entry.ino), fi->flags);
   auto inode = engine.inodes().share(entry.ino);
-  KernelView* view = view_of(engine, *inode);
-  if (view != nullptr) view->opening();
-  engine.window().opened(inode);
-  auto file = std::make_shared<OpenFile>(engine.handles(), engine.window(), inode, view);
+  // The file this open made: no lookup can have shown the kernel another one of it before.
+  Window::Opening opening(engine.window(), inode);
+  auto file = std::make_shared<OpenFile>(engine.handles(), engine.window(), inode);
+  opening.kept();
   file->fd = std::move(fd);
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);
@@ -649,17 +652,14 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
 // An open (*flags*) of a file the kernel caches found it changed on the target by another
 // writer since the kernel was shown it, and nobody else has it open through the mount (a
 // handle its process just closed is waited for: its RELEASE may be on its way).
-bool changed_elsewhere(Window& window, Inode& inode, KernelView& view, int fd, int flags,
-                       uint64_t since) {
+bool changed_elsewhere(Window& window, Inode& inode, int fd, int flags, uint64_t since) {
   if (flags & O_TRUNC) {
-    view.truncated();  // the kernel knows the size it made
+    inode.view.truncated();  // the kernel knows the size it made
     return false;
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) return false;
-  KernelView::AtOpen at = view.opened(st, since);
-  if (at.changed && !at.alone && window.await_releases(inode, kReleaseWait) == 0)
-    at = view.opened(st, since);
+  KernelView::AtOpen at = window.at_open(inode, st, since, kReleaseWait);
   return at.changed && at.alone;
 }
 
@@ -668,36 +668,34 @@ void op_open(fuse_req_t req, fuse_ino_t node, fuse_file_info* fi) {
   Using use(engine_of(req).inodes().share(node));
   if (let_go_of(req, use)) return;
   std::string path = proc_path(inode_of(req, node).fd());
-  KernelView* view = view_of(engine, inode_of(req, node));
+  bool viewed = view_of(engine, inode_of(req, node)) != nullptr;
   uint64_t since = KernelView::now();
-  if (view != nullptr) view->opening();
+  // Counted from before the target's open (a lookup meanwhile must not drop the inode this
+  // open is for); every failure below undoes it as it returns.
+  auto inode = engine.inodes().share(node);
+  Window::Opening opening(engine.window(), inode);
+  auto fail = [&](int err) {
+    opening.undo();  // before the answer: the kernel's next lookup must not see it counted
+    answer(fuse_reply_err, req, err);
+  };
   bool bypass = false;
   Fd fd = open_as_asked(
       engine, fi->flags & ~O_CREAT, [&](int flags) { return ::open(path.c_str(), flags); },
       &bypass);
-  if (!fd) {
-    int err = failed();
-    if (view != nullptr) view->closed();
-    return (void)answer(fuse_reply_err, req, err);
-  }
-  if (view != nullptr &&
-      changed_elsewhere(engine.window(), inode_of(req, node), *view, fd.get(), fi->flags, since)) {
+  if (!fd) return fail(failed());
+  if (viewed && changed_elsewhere(engine.window(), *inode, fd.get(), fi->flags, since)) {
     // Close-to-open, as NFS itself: the file changed on the target since the kernel was shown
     // it, and the kernel keeps its own size of it. ESTALE makes it look the name up again and
     // retry the open; that lookup hands it a new generation with the target's size.
-    view->closed();
     this_call().node = 0;  // (not the target's ESTALE: nothing is stale)
-    return (void)answer(fuse_reply_err, req, ESTALE);
+    return fail(ESTALE);
   }
   Passthrough::Way way;  // the kernel reads it, or the engine (passthrough.h: the rule)
-  if (int err = engine.passthrough().open(req, node, fi->flags, fd.get(), fi, &way); err != 0) {
-    if (view != nullptr) view->closed();
-    return (void)answer(fuse_reply_err, req, -err);
-  }
-  note_writer(inode_of(req, node), fi->flags);
-  auto inode = engine.inodes().share(node);
-  engine.window().opened(inode);
-  auto file = std::make_shared<OpenFile>(engine.handles(), engine.window(), inode, view);
+  if (int err = engine.passthrough().open(req, node, fi->flags, fd.get(), fi, &way); err != 0)
+    return fail(-err);
+  note_writer(*inode, fi->flags);
+  auto file = std::make_shared<OpenFile>(engine.handles(), engine.window(), inode);
+  opening.kept();
   file->fd = std::move(fd);
   file->direct = (fi->flags & O_DIRECT) != 0;
   set_open_reply(fi, fi->flags, bypass);

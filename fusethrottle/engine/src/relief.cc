@@ -73,10 +73,8 @@ void Relief::make_room(std::chrono::milliseconds bound) {
     pressed_ = true;
   }
   wake_.notify_one();
-  auto until = std::chrono::steady_clock::now() + bound;
-  while (table_.size() > before / 10 * 9 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  // Woken by the FORGETs' files leaving the table, not by polling it.
+  table_.wait_for_size(before / 10 * 9, bound);
 }
 
 void Relief::relieve(size_t down_to) {

@@ -155,9 +155,26 @@ void Window::discard(Inode& inode) {
   gate_.notify_all();
 }
 
-void Window::opened(const std::shared_ptr<Inode>& inode) {
+void Window::opening(const std::shared_ptr<Inode>& inode) {
   std::lock_guard<std::mutex> guard(lock_);
   inode->ledger.opens++;
+}
+
+void Window::not_opened(const std::shared_ptr<Inode>& inode) {
+  std::lock_guard<std::mutex> guard(lock_);
+  FileLedger& f = inode->ledger;
+  if (f.opens > 0) f.opens--;
+  // A handle released while this open was counted left the file's release sync to the last
+  // one out: this failed open is it.
+  if (f.opens > 0 || f.dirty == 0 || f.released) return;
+  f.released = true;
+  f.released_at = now_seconds();
+  if (p_.inject) wake_flusher_by(f.released_at + kGroupGather);
+}
+
+uint64_t Window::looked_up(Inode& inode, const struct stat& st, uint64_t since) {
+  std::lock_guard<std::mutex> guard(lock_);
+  return inode.view.looked_up(st, since, inode.ledger.opens > 0);
 }
 
 void Window::closing(Inode& inode, bool now) {
@@ -169,11 +186,16 @@ namespace {
 bool all_closing(const FileLedger& f) { return f.opens > 0 && f.closing >= f.opens; }
 }  // namespace
 
-int Window::await_releases(Inode& inode, std::chrono::milliseconds wait) {
+KernelView::AtOpen Window::at_open(Inode& inode, const struct stat& st, uint64_t since,
+                                   std::chrono::milliseconds wait) {
   std::unique_lock<std::mutex> guard(lock_);
   FileLedger& f = inode.ledger;
-  released_.wait_for(guard, wait, [&f] { return !all_closing(f); });
-  return f.opens;
+  auto others = [&f] { return f.opens - 1; };  // this open is counted (opening())
+  KernelView::AtOpen at = inode.view.opened(st, since, others());
+  if (!at.changed || at.alone) return at;
+  // Every other handle closed by its process: their RELEASEs may be on their way.
+  released_.wait_for(guard, wait, [&f, &others] { return !(others() > 0 && f.closing >= others()); });
+  return inode.view.opened(st, since, others());
 }
 
 void Window::released(const std::shared_ptr<Inode>& inode, Fd fd, bool was_closing) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "fd.h"
+#include "kernel_view.h"
 
 namespace ft {
 
@@ -64,7 +65,10 @@ struct FileLedger {
   double released_at = 0;
   bool queued = false;     // an fsync of it is queued or running (one at a time)
   int removing = 0;        // removals of its last name waiting for its sync (Window::let_go)
-  int opens = 0;           // open handles
+  // Opens through the mount, from before the target's open (Window::opening) to the release
+  // or the open's failure (Window::not_opened): the file's one open count. The kernel's view
+  // reads it here (Window::looked_up, at_open), under this lock.
+  int opens = 0;
   int closing = 0;         // of them, closed by their process: FLUSH came, RELEASE may be on its way
   int64_t lo = -1;         // the range written since the last injected sync
   int64_t hi = 0;
@@ -144,14 +148,47 @@ class Window {
   int take_error(Inode& inode);
   // The file's data needs no sync any more (truncated to nothing).
   void discard(Inode& inode);
-  void opened(const std::shared_ptr<Inode>& inode);
+  // An open of the file begins: counted from before the target's open, so that a lookup
+  // meanwhile does not hand the kernel a new generation of the inode this open is for
+  // (Window::looked_up). Every opening ends in the handle's release (released()) or, for an
+  // open that failed, in not_opened() (Opening does it).
+  void opening(const std::shared_ptr<Inode>& inode);
+  void not_opened(const std::shared_ptr<Inode>& inode);
+  // An open counted by opening() until it is kept (its handle made: the release ends it) or,
+  // if it never is, undone as the open fails.
+  class Opening {
+   public:
+    Opening(Window& window, std::shared_ptr<Inode> inode) : window_(window), inode_(std::move(inode)) {
+      window_.opening(inode_);
+    }
+    ~Opening() { undo(); }
+    Opening(const Opening&) = delete;
+    Opening& operator=(const Opening&) = delete;
+    void kept() { inode_.reset(); }
+    // The open failed: undone now, before the failure is answered (the kernel's next request,
+    // the lookup an ESTALE asks for, must not find this open counted).
+    void undo() {
+      if (inode_) window_.not_opened(std::exchange(inode_, nullptr));
+    }
+
+   private:
+    Window& window_;
+    std::shared_ptr<Inode> inode_;
+  };
+  // The kernel's view of a file (regular, writeback cache) decides with the file's open count,
+  // read under this lock held across its decision (its leaf lock taken inside): the
+  // generation a lookup's entry carries (KernelView::looked_up) ...
+  uint64_t looked_up(Inode& inode, const struct stat& st, uint64_t since);
+  // ... and whether an open (counted by opening()) found the file changed by another writer
+  // and is alone (KernelView::opened). If it is not alone and every other handle was closed
+  // by its process (FLUSH answered), their releases are waited for, at most *wait*.
+  KernelView::AtOpen at_open(Inode& inode, const struct stat& st, uint64_t since,
+                             std::chrono::milliseconds wait);
   // The handle's process closed it (*now*: FLUSH came), or used it again (false).
   void closing(Inode& inode, bool now);
   // The handle was released; *fd* is its descriptor, kept for the release sync if the file is
   // dirty; *was_closing*: its process had closed it.
   void released(const std::shared_ptr<Inode>& inode, Fd fd, bool was_closing = false);
-  // The file's open handles after waiting up to *wait* while every one of them is closing.
-  int await_releases(Inode& inode, std::chrono::milliseconds wait);
   // The kernel forgot the file: true if it owes anything, and the window keeps (and syncs)
   // it; the table keeps it by its key meanwhile (a new lookup finds it again, see
   // InodeTable::forget), until *settled* is called with it. False: it may go now. Whether it
@@ -235,12 +272,14 @@ class Window {
   // never the other way round). Held, it takes no other lock: what a call lets go of (the
   // descriptors it closes, the forgotten files the table settles) goes after it is released
   // (Settled); a file's place is read as an atomic (Inode::forgotten). The flusher's stop
-  // flag is read under it too (lock()).
+  // flag is read under it too (lock()). A file's open count is under it (FileLedger::opens);
+  // the kernel's view of a file (KernelView::lock_, a leaf) is the one lock taken while it
+  // is held. Lock order: InodeTable::lock_, then this one, then KernelView::lock_.
   std::mutex lock_;
   std::condition_variable gate_;
   std::condition_variable flusher_;
   std::condition_variable sync_ended_;  // a sync ended (let_go waits for it)
-  std::condition_variable released_;    // a closing handle was released (await_releases)
+  std::condition_variable released_;    // a closing handle was released (at_open, let_go)
   std::unordered_map<const Inode*, std::shared_ptr<Inode>> files_;  // every file that owes
   std::deque<uint64_t> line_;  // waiting writes' tickets, first come first served
   uint64_t next_ticket_ = 0;

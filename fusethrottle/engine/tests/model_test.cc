@@ -359,9 +359,8 @@ class Model {
       CHECK(false);
       return "open failed";
     }
-    inode->view.opening();
-    window_.opened(inode);
-    auto file = std::make_shared<ft::OpenFile>(handles_, window_, inode, &inode->view);
+    window_.opening(inode);
+    auto file = std::make_shared<ft::OpenFile>(handles_, window_, inode);
     file->fd = std::move(fd);
     handles_held_.push_back(MHandle{std::move(file), m});
     m->opens++;
@@ -842,9 +841,8 @@ struct Worker {
         if (!use) break;  // let go of: answered as a removed file
         ft::Fd fd(::open(ft::proc_path(inode->fd()).c_str(), O_RDWR | O_CLOEXEC));
         if (!fd) break;
-        inode->view.opening();
-        s.window.opened(inode);
-        auto file = std::make_shared<ft::OpenFile>(s.handles, s.window, inode, &inode->view);
+        s.window.opening(inode);
+        auto file = std::make_shared<ft::OpenFile>(s.handles, s.window, inode);
         file->fd = std::move(fd);
         handles.push_back(THandle{std::move(file), inode});
         break;
@@ -1081,7 +1079,7 @@ void test_a_forgotten_file_looked_up_again_is_not_synced_as_forgotten() {
   };
   fuse_ino_t node = lookup();
   auto inode = table.share(node);
-  window.opened(inode);
+  window.opening(inode);
   CHECK(window.admit(KiB));
   window.landed(inode, KiB, KiB, 0);
   window.released(inode, ft::Fd());

@@ -38,6 +38,14 @@ std::shared_ptr<ft::Inode> file(ino_t ino) {
   return std::make_shared<ft::Inode>(ft::Fd(), ft::InodeKey{1, ino}, S_IFREG, std::string());
 }
 
+struct stat sized(off_t size, int64_t mtime_s) {
+  struct stat st {};
+  st.st_mode = S_IFREG | 0644;
+  st.st_size = size;
+  st.st_mtim.tv_sec = mtime_s;
+  return st;
+}
+
 ft::WindowParams params() {
   ft::WindowParams p;
   p.window = 64 * MiB;
@@ -75,7 +83,7 @@ void test_a_file_is_due_at_its_batch_on_release_and_by_age() {
   CHECK(jobs.size() == 1 && jobs[0].inode == a && jobs[0].reason == ft::SyncReason::kBatch);
   CHECK(jobs.size() == 1 && jobs[0].bytes == 16 * MiB && jobs[0].lo == 0 && jobs[0].hi == int64_t(16 * MiB));
   CHECK(w.take_due(t).empty());  // one sync per file at a time; the others not due yet
-  w.opened(b);
+  w.opening(b);
   w.released(b, ft::Fd());
   CHECK(w.take_due(ft::now_seconds()).empty());  // closes gather a moment, to go as a group
   auto released = w.take_due(ft::now_seconds() + ft::kGroupGather);
@@ -277,11 +285,11 @@ void test_a_file_about_to_be_removed_is_let_go_of_unless_open_or_syncing() {
   int pipe_fds[2];
   CHECK(::pipe(pipe_fds) == 0);
   ft::Fd reader(pipe_fds[0]);
-  w.opened(closed);
+  w.opening(closed);
   w.admit(MiB);
   w.landed(closed, MiB, MiB, 0);
   w.released(closed, ft::Fd(pipe_fds[1]));  // held for its release sync
-  w.opened(open);
+  w.opening(open);
   w.admit(MiB);
   w.landed(open, MiB, MiB, 0);
   w.admit(16 * MiB);
@@ -321,7 +329,7 @@ void test_a_removal_waits_for_a_running_sync_and_drops_one_not_started() {
   int pipe_fds[2];
   CHECK(::pipe(pipe_fds) == 0);
   ft::Fd reader(pipe_fds[0]);
-  w.opened(waiting);
+  w.opening(waiting);
   w.admit(16 * MiB);
   w.landed(waiting, 16 * MiB, 16 * MiB, 0);
   w.released(waiting, ft::Fd(pipe_fds[1]));
@@ -348,7 +356,7 @@ void test_a_removal_waits_for_a_closed_handles_release_but_not_for_an_open_handl
   using std::chrono::milliseconds;
   ft::Window w(params());
   auto closed = file(1), open = file(2), shared = file(3);
-  w.opened(closed);
+  w.opening(closed);
   w.admit(MiB);
   w.landed(closed, MiB, MiB, 0);
   w.closing(*closed, true);
@@ -359,22 +367,49 @@ void test_a_removal_waits_for_a_closed_handles_release_but_not_for_an_open_handl
   CHECK(w.let_go(*closed, milliseconds(0)));
   release.join();
   CHECK(w.stats().unsynced == 0);  // its bytes went with it
-  w.opened(open);
+  w.opening(open);
   CHECK(!w.let_go(*open, milliseconds(0)));
-  CHECK(w.await_releases(*open, milliseconds(10000)) == 1);  // open, not closing: no wait
+  // An open (counted from before the target's open, as Window::opening) that finds the file
+  // changed on the target waits for the other handles' releases only while every one of them
+  // was closed by its process. The kernel was shown each file at a size of 100 first.
+  auto since = [] { return ft::KernelView::now(); };
+  for (auto& f : {open, shared}) w.looked_up(*f, sized(100, 1), since());
+  w.opening(open);  // a second open of it: the first is open, not closing: no wait
+  ft::KernelView::AtOpen at = w.at_open(*open, sized(5, 2), since(), milliseconds(10000));
+  CHECK(at.changed && !at.alone);
+  w.not_opened(open);
   // Two handles, one closed: the other is open, nothing to wait for.
-  w.opened(shared);
-  w.opened(shared);
+  w.opening(shared);
+  w.opening(shared);
   w.closing(*shared, true);
-  CHECK(w.await_releases(*shared, milliseconds(10000)) == 2);
-  // Both closed, one released in time: the open left alone, the other not.
+  w.opening(shared);
+  at = w.at_open(*shared, sized(5, 2), since(), milliseconds(10000));
+  CHECK(at.changed && !at.alone);
+  w.not_opened(shared);
+  // Both closed, one released in time: not alone, the other's release never came.
   w.closing(*shared, true);
   w.released(shared, ft::Fd(), true);
-  CHECK(w.await_releases(*shared, milliseconds(20)) == 1);
+  w.opening(shared);
+  at = w.at_open(*shared, sized(5, 2), since(), milliseconds(20));
+  CHECK(at.changed && !at.alone);
+  w.not_opened(shared);
   CHECK(!w.let_go(*shared, milliseconds(0)));
+  // Its release comes while the open waits: the open is alone.
+  w.opening(shared);
+  std::thread late([&] {
+    std::this_thread::sleep_for(milliseconds(20));
+    w.released(shared, ft::Fd(), true);
+  });
+  at = w.at_open(*shared, sized(5, 2), since(), milliseconds(10000));
+  late.join();
+  CHECK(at.changed && at.alone);
   // Used again after its FLUSH (a duplicate still open): not closing any more.
+  w.opening(shared);
+  w.closing(*shared, true);
   w.closing(*shared, false);
-  CHECK(w.await_releases(*shared, milliseconds(10000)) == 1);
+  w.opening(shared);
+  at = w.at_open(*shared, sized(5, 2), since(), milliseconds(10000));
+  CHECK(at.changed && !at.alone);
 }
 
 // The kernel evicts a closed file that still owes a sync, then looks its name up again: the
@@ -392,7 +427,7 @@ void test_a_file_forgotten_while_it_owes_a_sync_is_found_again_as_itself() {
   auto path = [] { return ft::Fd(::open("/dev/null", O_PATH | O_CLOEXEC)); };
   fuse_ino_t node = table.remember(path(), st, "handle-7");
   auto inode = table.share(node);
-  w.opened(inode);
+  w.opening(inode);
   w.admit(MiB);
   w.landed(inode, MiB, MiB, 0);
   w.released(inode, ft::Fd());
@@ -409,7 +444,7 @@ void test_a_file_forgotten_while_it_owes_a_sync_is_found_again_as_itself() {
 
   node = table.remember(path(), st, "handle-7");
   inode = table.share(node);
-  w.opened(inode);
+  w.opening(inode);
   w.admit(MiB);
   w.landed(inode, MiB, MiB, 0);
   w.released(inode, ft::Fd());
@@ -546,51 +581,51 @@ void test_a_file_system_without_handles_leaves_the_others_theirs() {
   ::unlink(made);
 }
 
-struct stat sized(off_t size, int64_t mtime_s) {
-  struct stat st {};
-  st.st_mode = S_IFREG | 0644;
-  st.st_size = size;
-  st.st_mtim.tv_sec = mtime_s;
-  return st;
-}
-
 void test_another_writers_change_renews_the_kernels_inode_only_when_nobody_has_it_open() {
-  ft::KernelView view;
-  uint64_t first = view.looked_up(sized(100, 1), ft::KernelView::now());
-  CHECK(view.looked_up(sized(100, 1), ft::KernelView::now()) == first);  // unchanged
+  // The file's open count is the window's (FileLedger::opens): the kernel's view reads it
+  // under the window's lock (Window::looked_up, at_open).
+  ft::Window w(params());
+  auto inode = file(1);
+  ft::KernelView& view = inode->view;
+  uint64_t first = w.looked_up(*inode, sized(100, 1), ft::KernelView::now());
+  CHECK(w.looked_up(*inode, sized(100, 1), ft::KernelView::now()) == first);  // unchanged
   // Shrunk on the target by another writer: a new generation, the kernel drops its size.
-  uint64_t renewed = view.looked_up(sized(10, 2), ft::KernelView::now());
+  uint64_t renewed = w.looked_up(*inode, sized(10, 2), ft::KernelView::now());
   CHECK(renewed != first);
   // Changed again while open through the mount: the kernel keeps its own until the last
   // close; the open sees the change, and that it is not alone.
-  view.opening();
-  view.opening();
-  CHECK(view.looked_up(sized(5, 3), ft::KernelView::now()) == renewed);
-  ft::KernelView::AtOpen at = view.opened(sized(5, 3), ft::KernelView::now());
+  w.opening(inode);
+  w.opening(inode);
+  CHECK(w.looked_up(*inode, sized(5, 3), ft::KernelView::now()) == renewed);
+  ft::KernelView::AtOpen at = w.at_open(*inode, sized(5, 3), ft::KernelView::now(), std::chrono::milliseconds(0));
   CHECK(at.changed && !at.alone);
-  view.closed();
-  view.closed();
-  CHECK(view.looked_up(sized(5, 3), ft::KernelView::now()) != renewed);
+  // An open under way (counted before the target's open) keeps the generation too; once it
+  // failed (not_opened) and the other was released, nobody has it open: a new generation.
+  w.released(inode, ft::Fd());
+  CHECK(w.looked_up(*inode, sized(5, 3), ft::KernelView::now()) == renewed);
+  w.not_opened(inode);
+  CHECK(view.generation() == renewed);
+  CHECK(w.looked_up(*inode, sized(5, 3), ft::KernelView::now()) != renewed);
 }
 
 void test_the_mounts_own_writes_are_not_taken_for_another_writers() {
   ft::KernelView view;
-  uint64_t shown = view.looked_up(sized(100, 1), ft::KernelView::now());
+  uint64_t shown = view.looked_up(sized(100, 1), ft::KernelView::now(), false);
   uint64_t since = ft::KernelView::now();
   {
     ft::KernelView::Change write(view);
     // A lookup racing our write: its stat may show either: nothing is learnt from it.
-    CHECK(view.looked_up(sized(150, 2), since) == shown);
+    CHECK(view.looked_up(sized(150, 2), since, false) == shown);
     view.wrote_to(200);
   }
-  CHECK(view.looked_up(sized(150, 2), since) == shown);  // taken before the write ended
+  CHECK(view.looked_up(sized(150, 2), since, false) == shown);  // taken before the write ended
   CHECK(view.mtime_unknown());
   // The kernel's size grew with the write; the mtime it left is learnt at the flush.
   view.learn_mtime(2'000'000'000, ft::KernelView::now());
   CHECK(!view.mtime_unknown());
-  CHECK(view.looked_up(sized(200, 2), ft::KernelView::now()) == shown);
+  CHECK(view.looked_up(sized(200, 2), ft::KernelView::now(), false) == shown);
   // Rewritten in place by another writer, same size: the mtime tells.
-  CHECK(view.looked_up(sized(200, 3), ft::KernelView::now()) != shown);
+  CHECK(view.looked_up(sized(200, 3), ft::KernelView::now(), false) != shown);
   // A truncate of ours: the kernel takes its size; the mtime read is ours unless another
   // change of ours came meanwhile.
   uint64_t now = view.generation();
@@ -599,7 +634,7 @@ void test_the_mounts_own_writes_are_not_taken_for_another_writers() {
     view.set(sized(0, 4), true, truncate);
   }
   CHECK(!view.mtime_unknown());
-  CHECK(view.looked_up(sized(0, 4), ft::KernelView::now()) == now);
+  CHECK(view.looked_up(sized(0, 4), ft::KernelView::now(), false) == now);
   {
     ft::KernelView::Change truncate(view);
     ft::KernelView::Change write(view);
