@@ -355,14 +355,19 @@ pt=$work/mnt-passthrough
 mkdir -p "$pt"
 head -c 1M /dev/urandom >"$work/pt-payload"
 cp "$work/pt-payload" "$src/pt-file"
-fusethrottle "$src" "$pt" -f -o writeback_cache=no >"$work/passthrough.log" 2>&1 &
-pt_pid=$!
-daemon_pids+=("$pt_pid")
-for ((i = 0; i < mount_timeout * 10; i++)); do
-    [ -n "$(fstype_at "$pt")" ] && break
-    kill -0 "$pt_pid" 2>/dev/null || break
-    sleep 0.1
-done
+# A mount at $pt without the write-back cache (where reads may be the kernel's), its log in
+# $work/passthrough.log; arguments: environment settings for the daemon (VAR=value...).
+mount_for_passthrough() {
+    env "$@" fusethrottle "$src" "$pt" -f -o writeback_cache=no >"$work/passthrough.log" 2>&1 &
+    pt_pid=$!
+    daemon_pids+=("$pt_pid")
+    for ((i = 0; i < mount_timeout * 10; i++)); do
+        [ -n "$(fstype_at "$pt")" ] && break
+        kill -0 "$pt_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+}
+mount_for_passthrough
 case $libfuse in
     libfuse3-3) expected_passthrough="passthrough: off (built against a libfuse before 3.17" ;;
     *) expected_passthrough="passthrough: on" ;;
@@ -400,15 +405,7 @@ wait_gone "$pt_pid" 60 || fail "the writeback_cache=no mount's daemon (pid $pt_p
 # FUSETHROTTLE_PASSTHROUGH=off (what bench.passthrough_reads compares against) leaves the reads
 # to the engine where the kernel would take them: said so, and a writer beside a reader is let in.
 if [ "$expected_passthrough" = "passthrough: on" ]; then
-    FUSETHROTTLE_PASSTHROUGH=off fusethrottle "$src" "$pt" -f -o writeback_cache=no \
-        >"$work/passthrough.log" 2>&1 &
-    pt_pid=$!
-    daemon_pids+=("$pt_pid")
-    for ((i = 0; i < mount_timeout * 10; i++)); do
-        [ -n "$(fstype_at "$pt")" ] && break
-        kill -0 "$pt_pid" 2>/dev/null || break
-        sleep 0.1
-    done
+    mount_for_passthrough FUSETHROTTLE_PASSTHROUGH=off
     expected_passthrough="passthrough: off (FUSETHROTTLE_PASSTHROUGH=off)"
     check "FUSETHROTTLE_PASSTHROUGH=off says '$expected_passthrough' once" says_passthrough || true
     check "with it off, a writer beside a reader is let in" writer_waits_for_reader || true
