@@ -2,9 +2,10 @@
 """Play systemd's part of ``Type=notify`` against the installed daemon, without systemd.
 
 CI machines and containers seldom run systemd as PID 1, so ``fusethrottle@.service`` cannot be
-started there. This does what the service manager would: it binds a notify socket, starts
-``fusethrottle SOURCE MOUNTPOINT -f`` with NOTIFY_SOCKET, WATCHDOG_USEC and WATCHDOG_PID set,
-and checks the contract the unit relies on:
+started there. This does what the service manager would: it binds a notify socket, writes the
+instance's settings file (named as a dashed mount point's instance is, backslash and all) and
+starts ``fusethrottle --conf FILE MOUNTPOINT -f`` as the unit's ExecStart does, with
+NOTIFY_SOCKET, WATCHDOG_USEC and WATCHDOG_PID set, and checks the contract the unit relies on:
 
 - READY=1 arrives from the main PID, and only once the mount answers;
 - WATCHDOG=1 arrives about every half WATCHDOG_USEC;
@@ -106,8 +107,11 @@ def run(source: str, mountpoint: str, options: str, checks: Checks) -> None:
     with tempfile.TemporaryDirectory(prefix="ft-notify-") as tmp:
         manager = Manager(tmp)
         env = dict(os.environ, NOTIFY_SOCKET=manager.path, WATCHDOG_USEC=str(WATCHDOG_USEC))
+        conf = os.path.join(tmp, "mnt-ft\\x2dnotify.conf")
+        with open(conf, "w") as f:
+            f.write(f"SOURCE={source}\nOPTIONS={options}\n")
         # WATCHDOG_PID must name the daemon itself, as systemd sets it: exec keeps the shell's PID.
-        argv = ["fusethrottle", source, mountpoint, "-f", "-o", options]
+        argv = ["fusethrottle", "--conf", conf, mountpoint, "-f"]
         proc = subprocess.Popen(
             ["/bin/sh", "-c", 'WATCHDOG_PID=$$; export WATCHDOG_PID; exec "$@"', "sh", *argv],
             env=env,

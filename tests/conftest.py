@@ -65,8 +65,9 @@ MakeMount = Callable[..., Daemon]
 
 @pytest.fixture
 def make_mount(workdir: Path) -> Iterator[MakeMount]:
-    """``make_mount(source=None, options=(), name="mnt", wrapper=())`` -> a serving fusethrottle
-    Daemon (run under the *wrapper* command, if given)."""
+    """``make_mount(source=None, options=(), name="mnt", wrapper=(), conf=None)`` -> a serving
+    fusethrottle Daemon (run under the *wrapper* command, if given; started from the instance
+    file *conf*, if given)."""
     daemons: list[Daemon] = []
 
     def make(
@@ -74,13 +75,14 @@ def make_mount(workdir: Path) -> Iterator[MakeMount]:
         options: Sequence[str] = (),
         name: str = "mnt",
         wrapper: Sequence[str] = (),
+        conf: Path | None = None,
     ) -> Daemon:
         if source is None:
             source = workdir / f"{name}-backing"
             source.mkdir()
         mountpoint = workdir / name
         mountpoint.mkdir(exist_ok=True)
-        daemon = start_fusethrottle(source, mountpoint, options, wrapper=wrapper)
+        daemon = start_fusethrottle(source, mountpoint, options, wrapper=wrapper, conf=conf)
         daemons.append(daemon)
         return daemon
 

@@ -364,10 +364,13 @@ def start_fusethrottle(
     timeout: float = START_TIMEOUT,
     cgroup: Path | None = None,
     wrapper: Sequence[str] = (),
+    conf: Path | None = None,
 ) -> Daemon:
     """*wrapper*: a command the daemon runs under (setpriv taking capabilities away,
-    ``prlimit ... --``)."""
-    argv = [*wrapper, FUSETHROTTLE, str(source), str(mountpoint), "-f"]
+    ``prlimit ... --``); *conf*: started as fusethrottle@.service starts it, ``--conf FILE``
+    (whose SOURCE= must be *source*) instead of SOURCE on the command line."""
+    where = ["--conf", str(conf)] if conf is not None else [str(source)]
+    argv = [*wrapper, FUSETHROTTLE, *where, str(mountpoint), "-f"]
     if options:
         argv += ["-o", ",".join(options)]
     log_path = log_path or mountpoint.with_name(mountpoint.name + ".log")

@@ -3,9 +3,16 @@ applied, and that a refused request or file applies nothing."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from fusethrottle.service.live_settings import apply_reload, apply_set, read_conf
+from fusethrottle.service.live_settings import (
+    apply_reload,
+    apply_set,
+    instance_settings,
+    read_conf,
+)
 from fusethrottle.service.options import OptionError, parse_options
 
 MiB = 1 << 20
@@ -75,3 +82,32 @@ def test_a_reload_that_cannot_apply_whole_applies_nothing(text: str, says: str) 
 
 def test_the_settings_file_is_read_as_systemd_reads_it() -> None:
     assert read_conf("# c\n\n; c\nA=1\nB='x y'\nC = \"z\"\n") == {"A": "1", "B": "x y", "C": "z"}
+
+
+def test_an_instance_file_gives_the_source_and_the_options(tmp_path: Path) -> None:
+    conf = tmp_path / "mnt-db\\x2dbackup.conf"
+    conf.write_text("# /mnt/db-backup\nSOURCE=/mnt/nfs/db\nOPTIONS='window=128M,mode=static'\n")
+    assert instance_settings(str(conf)) == ("/mnt/nfs/db", "window=128M,mode=static")
+    conf.write_text("SOURCE=/mnt/nfs/db\n")  # OPTIONS may be left out
+    assert instance_settings(str(conf)) == ("/mnt/nfs/db", "defaults")
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (None, "cannot read"),
+        ("OPTIONS=window=64M\n", "no SOURCE= line"),
+        ("SOURCE=\n", "no SOURCE= line"),
+        ("SOURCE=/x\nexport OPTIONS\n", "line 2"),
+    ],
+)
+def test_a_bad_instance_file_is_one_line_naming_it(
+    tmp_path: Path, text: str | None, says: str
+) -> None:
+    conf = tmp_path / "backups.conf"
+    if text is not None:
+        conf.write_text(text)
+    with pytest.raises(OptionError) as err:
+        instance_settings(str(conf))
+    message = str(err.value)
+    assert says in message and str(conf) in message and "\n" not in message

@@ -323,6 +323,15 @@ BAD_INPUT = {
     "unknown argument": (["{w}/src", "{w}/mnt", "--bogus"], ["--bogus"]),
     "one path only": (["{w}/src"], ["SOURCE and MOUNTPOINT"]),
     "background, missing source": (["{w}/nosuch", "{w}/mnt"], ["does not exist"]),
+    "instance file missing": (
+        ["--conf", "{w}/nosuch.conf", "{w}/mnt", "-f"],
+        ["cannot read", "nosuch.conf"],
+    ),
+    "instance file not KEY=value": (["--conf", "{w}/file", "{w}/mnt", "-f"], ["file", "line 1"]),
+    "instance file and a source": (
+        ["--conf", "{w}/file", "{w}/src", "{w}/mnt", "-f"],
+        ["only MOUNTPOINT"],
+    ),
     "permissions=target as the daemon": (
         ["{w}/src", "{w}/mnt", "-o", "permissions=target,credentials=daemon", "-f"],
         ["permissions=target", "credentials=caller"],

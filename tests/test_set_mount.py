@@ -108,6 +108,28 @@ def test_a_reload_applies_the_file_or_nothing(make_mount, tmp_path: Path) -> Non
     assert (source / "still.txt").read_text() == "serving"
 
 
+@pytest.mark.mount
+def test_a_mount_started_from_its_instance_file_rereads_that_file(
+    make_mount, workdir: Path
+) -> None:
+    """As fusethrottle@.service starts it: ``--conf`` with the file named after the instance of
+    a mount point with a dash (``mnt-ft\\x2dreload``), and no FUSETHROTTLE_CONF. systemd's
+    EnvironmentFile= could not read that name (a glob drops the backslash): the service did
+    not start. The source, the options and a reload all come from the one file."""
+    source = workdir / "from-conf-backing"
+    source.mkdir()
+    conf = workdir / "mnt-ft\\x2dreload.conf"
+    conf.write_text(f"# the instance's file\nSOURCE={source}\nOPTIONS='mode=static,window=64M'\n")
+    daemon = make_mount(source=source, name="ft-reload", conf=conf)
+    assert status_json(daemon.mountpoint)["controller"]["window"] == 64 * MiB
+    (daemon.mountpoint / "through.txt").write_text("from the file's source")
+    assert (source / "through.txt").read_text() == "from the file's source"
+    conf.write_text(f"SOURCE={source}\nOPTIONS=mode=static,window=128M\n")
+    daemon.signal(signal.SIGHUP)
+    assert wait_for(lambda: status_json(daemon.mountpoint)["controller"]["window"] == 128 * MiB, 30)
+    assert str(conf) in daemon.log()
+
+
 def hhmm(seconds: float) -> str:
     return time.strftime("%H:%M", time.localtime(seconds))
 

@@ -1,5 +1,8 @@
 """``fusethrottle SOURCE MOUNTPOINT [-o opt,...] [-f]`` and ``fusethrottle status MOUNTPOINT``.
 
+``fusethrottle --conf FILE MOUNTPOINT [-f]`` takes SOURCE and OPTIONS from an instance file
+(``/etc/fusethrottle/NAME.conf``, as fusethrottle@.service starts it), and a reload rereads it.
+
 Follows the mount.fuse convention so ``mount -t fuse.fusethrottle`` and fstab work through
 fuse3's helper. Everything a user can get wrong is checked before anything is mounted and
 reported as one line on stderr with a non-zero exit; no traceback reaches the user.
@@ -20,12 +23,14 @@ from collections.abc import Sequence
 
 from .. import __version__
 from .held_signals import HELD_SIGNALS, release_held_signals
+from .live_settings import CONF_ENV, instance_settings
 from .mountinfo import find_mount
 from .options import Config, OptionError, parse_options, split_options
 from .target_probe import can_switch
 
 USAGE = (
     "usage: fusethrottle SOURCE MOUNTPOINT [-o opt[,opt...]] [-f]\n"
+    "       fusethrottle --conf FILE MOUNTPOINT [-o opt[,opt...]] [-f]\n"
     "       fusethrottle status MOUNTPOINT [--watch] [--interval SECONDS]\n"
     "       fusethrottle set MOUNTPOINT key=value [key=value...]\n"
     "       fusethrottle budget set redis://HOST:PORT/NAME [--metered RATE] [--ops UNITS]\n"
@@ -42,6 +47,7 @@ def parse_args(argv: Sequence[str]) -> Config:
     positional: list[str] = []
     option_groups: list[str] = []
     foreground = False
+    conf: str | None = None
     args = list(argv)
     i = 0
     while i < len(args):
@@ -55,6 +61,11 @@ def parse_args(argv: Sequence[str]) -> Config:
             option_groups.append(args[i])
         elif arg.startswith("-o") and len(arg) > 2:
             option_groups.append(arg[2:])
+        elif arg == "--conf":
+            if i + 1 >= len(args):
+                raise UsageError("--conf needs a file (SOURCE= and OPTIONS= lines)")
+            i += 1
+            conf = args[i]
         elif arg in ("-n", "-s", "-v"):  # mount(8) helper flags: no mtab, sloppy, verbose
             pass
         elif arg.startswith("-") and arg != "-":
@@ -62,6 +73,16 @@ def parse_args(argv: Sequence[str]) -> Config:
         else:
             positional.append(arg)
         i += 1
+    if conf is not None:
+        if len(positional) != 1:
+            raise UsageError(f"with --conf {conf}, expected only MOUNTPOINT (SOURCE is in it)")
+        try:
+            conf_source, conf_options = instance_settings(conf)
+        except OptionError as err:
+            raise UsageError(str(err)) from None
+        positional.insert(0, conf_source)
+        option_groups.insert(0, conf_options)  # the command line's -o comes after, and wins
+        os.environ[CONF_ENV] = os.path.abspath(conf)  # what a reload (SIGHUP) rereads
     if len(positional) != 2:
         raise UsageError("expected SOURCE and MOUNTPOINT")
     if not all(p.strip() for p in positional):

@@ -68,7 +68,7 @@ from ..window.controller import effective_window, make_controller
 from ..window.kernel_cache import KernelCache
 from . import sdnotify
 from .held_signals import HELD_SIGNALS, release_held_signals
-from .live_settings import Change, apply_reload, apply_set
+from .live_settings import CONF_ENV, Change, apply_reload, apply_set
 from .logformat import JsonFormatter
 from .mountinfo import find_mount
 from .options import Config, OptionError
@@ -84,8 +84,6 @@ log = logging.getLogger(__name__)
 CACHE_QUIET_PAUSE = 0.3
 #: How long the loop may take to notice the stop before the connection is aborted.
 LOOP_END_GRACE = 2.0
-#: The settings file a reload (SIGHUP) rereads: fusethrottle@.service names the instance's.
-CONF_ENV = "FUSETHROTTLE_CONF"
 #: Changes of settings status shows.
 CHANGES_KEPT = 10
 #: Request threads of the engine at most (the kernel's max_background is 12 by default).

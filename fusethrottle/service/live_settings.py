@@ -22,6 +22,10 @@ from .options import (
     split_options,
 )
 
+#: The settings file a reload (SIGHUP) rereads: the one ``--conf`` started the mount from
+#: (fusethrottle@.service names the instance's).
+CONF_ENV = "FUSETHROTTLE_CONF"
+
 #: Every field a live key sets (a ceiling's schedule with it).
 _LIVE_FIELDS = (*LIVE, *SCHEDULED.values())
 
@@ -86,6 +90,28 @@ def read_conf(text: str) -> dict[str, str]:
             value = value[1:-1]
         values[key.strip()] = value
     return values
+
+
+def instance_settings(path: str) -> tuple[str, str]:
+    """SOURCE and OPTIONS of the instance file at *path* (``fusethrottle --conf``).
+
+    The daemon reads the file itself rather than systemd's EnvironmentFile=, which takes its
+    path as a glob: the instance of a mount point with a dash (``mnt-ft\\x2dreload``) names a
+    file whose backslash the glob drops, so the service could not start. OptionError: one line.
+    """
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as err:
+        raise OptionError(f"cannot read {path}: {err.strerror}") from None
+    try:
+        conf = read_conf(text)
+    except OptionError as err:
+        raise OptionError(f"{path}: {err}") from None
+    source = conf.get("SOURCE", "").strip()
+    if not source:
+        raise OptionError(f"{path}: no SOURCE= line (the directory to pass through)")
+    return source, conf.get("OPTIONS", "defaults")
 
 
 def apply_reload(config: Config, text: str) -> tuple[Config, list[Change]]:

@@ -207,7 +207,9 @@ def test_a_reload_during_a_backup_applies_the_new_file_and_refuses_an_invalid_on
     unit_installed: None,
 ) -> None:
     source = fresh_dir("rw")[0]
-    mnt = Path("/mnt/ftreload")
+    # A dash: the instance is mnt-ft\\x2dreload and so is its file's name, which systemd's
+    # EnvironmentFile= (a glob) could not read: the service did not start.
+    mnt = Path("/mnt/ft-reload")
     before = "mode=static,batch=16M,window=64M,metered_limit=4M"
     with service(mnt, source, before) as svc:
         assert svc.show("ActiveState") == "active"
