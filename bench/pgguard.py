@@ -11,13 +11,17 @@ as long as pgbench runs. Arms, interleaved in each repeat:
 * ``idle``      pgbench alone: the baseline;
 * ``direct``    pg_basebackup writes straight onto the target;
 * ``ft``        through fusethrottle without the guard;
-* ``ft-guard``  through fusethrottle with ``guard=host`` (this host's cgroup v1 has no per-cgroup
-                pressure: the whole host's PSI is what the guard protects).
+* ``ft-guard``  through fusethrottle with the guard on: ``guard=`` naming the database's own
+                cgroup where the host has cgroup v2 (the NFS lab's VM: ``python -m bench.nfslab
+                run pgguard``), ``guard=host`` on cgroup v1, which has no per-cgroup pressure (the
+                whole host's PSI is what the guard protects, the backup's own stalls included).
 
 With ``--schedule`` (e.g. ``none:8s,15M:14s,none:30s``) the target is instead a loop device
 whose write rate follows that schedule from the start of each arm's pgbench (TARGETS.md A: ext4
 on a direct-io loop image, throttled by blkio): a target that dips, where the window binds too,
 to show the guard and the window together are no worse for the database than the window alone.
+
+With ``--target DIR`` the backup goes into DIR (an NFS mount, say) instead of the work directory.
 
 Per arm: pgbench's TPS and p99 latency (from its per-transaction log), each against the idle
 arm of the same repeat, and the backup's MB/s. The summary is the worst repeat. Writes
@@ -31,7 +35,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -49,7 +52,8 @@ from fusethrottle.service.mountinfo import mounts
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 ROOT = Path(__file__).resolve().parents[1]
 FUSETHROTTLE = str(ROOT / ".venv" / "bin" / "fusethrottle")
-MEMORY_CG = Path("/sys/fs/cgroup/memory/fusethrottle-bench-db")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+DB_CGROUP = "fusethrottle-bench-db"
 ARMS = ("idle", "direct", "ft", "ft-guard")
 
 
@@ -64,6 +68,39 @@ class Result:
     backup_mb_s: float
 
 
+@dataclass(frozen=True)
+class DatabaseCgroup:
+    """Where the database runs: its own memory cgroup, as a container or a unit would hold it.
+    On cgroup v2 it is also what ``guard=`` names (its own pressure files)."""
+
+    path: Path
+    unified: bool
+
+    @property
+    def limit_file(self) -> Path:
+        return self.path / ("memory.max" if self.unified else "memory.limit_in_bytes")
+
+
+def database_cgroup(root: Path = CGROUP_ROOT) -> DatabaseCgroup:
+    """The database's cgroup under *root*: on the unified hierarchy (v2) a directory of its own
+    at the top, on v1 one in the memory controller's hierarchy."""
+    if (root / "cgroup.controllers").is_file():
+        return DatabaseCgroup(root / DB_CGROUP, unified=True)
+    return DatabaseCgroup(root / "memory" / DB_CGROUP, unified=False)
+
+
+def guard_option(guard: str, cgroup: DatabaseCgroup) -> str:
+    """The ``guard=`` the ft-guard arm mounts with: ``db`` is the database's cgroup (v2 only),
+    ``host`` the whole host's pressure."""
+    if guard == "host":
+        return "guard=host"
+    if not cgroup.unified:
+        raise ValueError(
+            "--guard db needs cgroup v2 (per-cgroup pressure); this host is on v1: use --guard host"
+        )
+    return f"guard={cgroup.path}"
+
+
 def run(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(args), check=True, text=True, capture_output=True, **kw)  # type: ignore[call-overload,no-any-return]
 
@@ -73,8 +110,8 @@ def as_postgres(*args: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def database(work: Path, scale: int, memory: int) -> Iterator[Path]:
-    """A PostgreSQL cluster in *work*, in a memory cgroup of *memory* bytes, with pgbench's
+def database(work: Path, scale: int, memory: int, cgroup: DatabaseCgroup) -> Iterator[Path]:
+    """A PostgreSQL cluster in *work*, in *cgroup* limited to *memory* bytes, with pgbench's
     tables at *scale*; its socket directory."""
     data, sock = work / "pgdata", work / "pgsock"
     for d in (data, sock):
@@ -82,14 +119,16 @@ def database(work: Path, scale: int, memory: int) -> Iterator[Path]:
         shutil.chown(d, "postgres", "postgres")
     if not (data / "PG_VERSION").exists():
         run(*as_postgres(str(PG_BIN / "initdb"), "-D", str(data), "--auth=trust", "-N"))
-    MEMORY_CG.mkdir(exist_ok=True)
-    (MEMORY_CG / "memory.limit_in_bytes").write_text(str(memory))
+    if cgroup.unified:  # the memory and io controllers for the root's children
+        (cgroup.path.parent / "cgroup.subtree_control").write_text("+memory +io")
+    cgroup.path.mkdir(exist_ok=True)
+    cgroup.limit_file.write_text(str(memory))
     options = (
         f"-c listen_addresses='' -c unix_socket_directories={sock} -c shared_buffers=128MB "
         "-c max_wal_size=2GB -c wal_level=replica -c max_wal_senders=4"
     )
     start = (
-        f"echo $$ > {MEMORY_CG}/cgroup.procs && exec runuser -u postgres -- "
+        f"echo $$ > {cgroup.path}/cgroup.procs && exec runuser -u postgres -- "
         f'{PG_BIN}/pg_ctl -D {data} -o "{options}" -l {sock}/pg.log -w start'
     )
     run("sh", "-c", start)
@@ -110,7 +149,7 @@ def database(work: Path, scale: int, memory: int) -> Iterator[Path]:
             capture_output=True,
         )
         with contextlib.suppress(OSError):
-            MEMORY_CG.rmdir()
+            cgroup.path.rmdir()
 
 
 def drop_caches() -> None:
@@ -134,13 +173,15 @@ def mounted(source: Path, mountpoint: Path, options: list[str]) -> Iterator[Path
 
 
 def backups(sock: Path, into: Path, stop: threading.Event, out: list[tuple[int, float]]) -> None:
-    """pg_basebackup of the cluster into *into*, again and again until *stop*: (bytes, s)."""
+    """pg_basebackup of the cluster into *into*, one after another until *stop*: (bytes, s) of
+    each. The one under way at *stop* is let finish, so that every time recorded is a whole
+    backup's, the guarded arm's too (a held-back backup outlasts pgbench's run)."""
     env = {**os.environ, "PGHOST": str(sock)}
     n = 0
     while not stop.is_set():
         target = into / f"base-{n}"
         start = time.monotonic()
-        proc = subprocess.Popen(
+        proc = subprocess.run(
             as_postgres(
                 str(PG_BIN / "pg_basebackup"),
                 "-D",
@@ -154,11 +195,8 @@ def backups(sock: Path, into: Path, stop: threading.Event, out: list[tuple[int, 
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            check=False,
         )
-        while proc.poll() is None:
-            if stop.wait(0.2):
-                proc.send_signal(signal.SIGINT)
-        proc.wait()
         if proc.returncode == 0:
             size = sum(f.stat().st_size for f in target.iterdir())
             out.append((size, time.monotonic() - start))
@@ -211,10 +249,11 @@ def one_arm(
     work: Path,
     seconds: int,
     base: Path,
+    guard: str,
     rate: ScheduleRunner | None = None,
 ) -> Result:
     """One arm of one repeat: the backup goes into *base* (the target), whose write rate follows
-    *rate* from the start of pgbench, if given."""
+    *rate* from the start of pgbench, if given; *guard* is the ft-guard arm's ``guard=``."""
     target = base / "target"
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir()
@@ -226,7 +265,7 @@ def one_arm(
     with contextlib.ExitStack() as stack:
         into = target
         if arm.startswith("ft"):
-            options = ["mode=adaptive"] + (["guard=host"] if arm == "ft-guard" else [])
+            options = ["mode=adaptive"] + ([guard] if arm == "ft-guard" else [])
             into = stack.enter_context(mounted(target, work / "mnt", options))
         stop = threading.Event()
         done: list[tuple[int, float]] = []
@@ -290,6 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument(
+        "--guard",
+        choices=("db", "host"),
+        help="what the ft-guard arm protects: db, the database's cgroup (cgroup v2, the "
+        "default there), or host, the whole host's pressure (the default on cgroup v1)",
+    )
+    p.add_argument("--target", type=Path, help="where the backup goes (default: --work)")
+    p.add_argument(
         "--schedule",
         help="a target that dips: a loop device whose write rate follows this schedule in each "
         "arm (e.g. none:8s,15M:14s,none:30s; none: unthrottled)",
@@ -306,12 +352,27 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    cgroup = database_cgroup()
+    try:
+        guard = guard_option(args.guard or ("db" if cgroup.unified else "host"), cgroup)
+    except ValueError as err:
+        print(f"bench.pgguard: {err}", file=sys.stderr)
+        return 2
+    if args.target is not None and steps is not None:
+        print(
+            "bench.pgguard: --target and --schedule: give one (a schedule is a loop device)",
+            file=sys.stderr,
+        )
+        return 2
     arms = [a for a in args.arms.split(",") if a]
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
     teardown = Teardown()
     base, rate, where = args.work, None, "a directory on this host's disk, full speed"
+    if args.target is not None:
+        args.target.mkdir(parents=True, exist_ok=True)
+        base, where = args.target, f"{args.target}, full speed"
     with contextlib.ExitStack() as stack:
         stack.callback(teardown.undo_all)
         if steps is not None:
@@ -322,10 +383,10 @@ def main(argv: list[str] | None = None) -> int:
             target.setup(teardown)
             base, rate = target.root, target.schedule
             where = f"{target.description}, the schedule restarted with each arm"
-        sock = stack.enter_context(database(args.work, args.scale, int(args.db_memory)))
+        sock = stack.enter_context(database(args.work, args.scale, int(args.db_memory), cgroup))
         for repeat in range(args.repeats):
             for arm in arms:
-                r = one_arm(arm, repeat, sock, args.work, args.seconds, base, rate)
+                r = one_arm(arm, repeat, sock, args.work, args.seconds, base, guard, rate)
                 results.append(r)
                 print(json.dumps(asdict(r)), flush=True)
                 (args.out / "results.json").write_text(
@@ -334,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     text = summary(results)
     load = os.getloadavg()
     (args.out / "summary.md").write_text(
-        f"{text}\n\ntarget: {where}; repeats {args.repeats}, {args.seconds} s each, "
-        f"scale {args.scale}, load {load[0]:.1f}/{load[1]:.1f}\n"
+        f"{text}\n\ntarget: {where}; ft-guard: {guard}; repeats {args.repeats}, "
+        f"{args.seconds} s each, scale {args.scale}, load {load[0]:.1f}/{load[1]:.1f}\n"
     )
     print(text)
     return 0

@@ -54,6 +54,22 @@ NEIGHBOUR_ARMS = "idle,direct,direct-bdi,ft-adaptive,ft-adaptive:memory_cgroup=o
 CONTAINER_SCHEDULE = "20M:8s,256K:16s,20M:8s"
 
 
+# Issue 54 on cgroup v2: PostgreSQL on the client VM's own disk, in a cgroup of its own that the
+# guarded arm's guard= names, beside pg_basebackup onto the lab's NFS at full speed (the plain
+# profile: no shaping, so the window never binds). A smaller database and shorter runs than on
+# the host (TCG runs the guest ~10x slower); the ratios are against the idle arm of each repeat.
+PGGUARD = Command(
+    "pgguard",
+    [
+        ".venv/bin/python", "-m", "bench.pgguard", "--out", "/run/ftlab/job/out/pgguard",
+        "--work", "/var/lib/victim/pgguard", "--target", "/mnt/nfs/rw/pgguard", "--guard", "db",
+        "--repeats", "5", "--seconds", "30", "--scale", "10", "--db-memory", str(512 << 20),
+    ],
+    {},
+    5400,
+)  # fmt: skip
+
+
 def _neighbour(
     victim: str, repeats: int = 5, schedule: str = NEIGHBOUR_SCHEDULE, name: str = ""
 ) -> Command:
@@ -113,6 +129,14 @@ SUITES: dict[str, Suite] = {
         ("plain",),
         (_pytest("systemd", "tests/nfs/test_systemd.py", timeout=1500),),
         init="systemd",
+    ),
+    "pgguard": Suite(
+        "issue 54 on cgroup v2: PostgreSQL under pgbench beside pg_basebackup onto NFS at full "
+        "speed, guard= naming the database's cgroup, 5 repeats; the server in a VM of its own",
+        ("plain",),
+        (PGGUARD,),
+        bench=True,
+        layout="two",
     ),
     "neighbour-smoke": Suite(
         "the neighbour suite at 1 repeat (a check that it runs, not numbers)",
