@@ -111,3 +111,27 @@ def test_a_bad_instance_file_is_one_line_naming_it(
         instance_settings(str(conf))
     message = str(err.value)
     assert says in message and str(conf) in message and "\n" not in message
+
+
+def test_a_reload_rereads_the_schedule_file_the_options_name(tmp_path: Path) -> None:
+    limits = tmp_path / "backups.limits"
+    limits.write_text("50M\n")
+    text = (
+        "SOURCE=/srv/nfs\n"
+        f"OPTIONS=allow_other,mode=static,batch=16M,window=64M,metered_limit={limits}\n"
+    )
+    running, _ = apply_reload(RUNNING, text)
+    limits.write_text("50M\n01:00-06:00=20M\n")  # the file changed, the options did not
+    new, changed = apply_reload(running, text)
+    assert [c.key for c in changed] == ["metered_limit"]
+    assert new.metered_schedule[0].value == 20 * MiB
+
+
+def test_a_reload_that_changes_only_a_schedules_windows_applies_them() -> None:
+    """The windows live in a field of their own: a reload that changed only them was refused as
+    a setting that cannot change while mounted."""
+    text = "SOURCE=/srv/nfs\nOPTIONS=allow_other,mode=static,batch=16M,window=64M,{}\n"
+    new, changed = apply_reload(RUNNING, text.format("metered_limit=50M,01:00-06:00=20M"))
+    assert [c.key for c in changed] == ["metered_limit"]
+    assert new.metered_schedule[0].value == 20 * MiB
+    assert str(changed[0]) == f"metered_limit {50 * MiB} -> {50 * MiB},01:00-06:00={20 * MiB}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -46,6 +47,48 @@ def test_a_bad_schedule_is_one_line(text: str, says: str) -> None:
     with pytest.raises(OptionError) as err:
         parse_options(split_options([text]))
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_schedule_file_gives_the_same_schedule_as_the_option(tmp_path: Path) -> None:
+    limits = tmp_path / "backups.limits"
+    limits.write_text(
+        "# the backup's ceiling through the day, local time\n"
+        "100M            # outside the windows\n"
+        "\n"
+        "01:00-06:00 = 20M\n"
+        "22:00-23:30=0   # no ceiling late in the evening\n"
+    )
+    from_file = parse_options(split_options([f"allow_other,metered_limit={limits},mode=static"]))
+    inline = parse_options(split_options(["metered_limit=100M,01:00-06:00=20M,22:00-23:30=0"]))
+    assert (from_file.metered_limit, from_file.metered_schedule) == (
+        inline.metered_limit,
+        inline.metered_schedule,
+    )
+    limits.write_text("02:00-04:00=7000\n")  # windows only: no ceiling outside them
+    ops = parse_options(split_options([f"ops_limit={limits}"]))
+    assert ops.ops_limit == 0 and ops.ops_schedule == (Window(120, 240, 7000),)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (None, "No such file"),
+        ("100M\n01:00-06:00 20M\n", "line 2: expected HH:MM-HH:MM = VALUE"),
+        ("100M\n50M\n", "line 2: a second base value"),
+        ("100M\n01:00-06:00=lots\n", "not a size"),
+        ("fast\n", "not a size"),
+    ],
+)
+def test_a_bad_schedule_file_is_one_line_naming_it(
+    tmp_path: Path, text: str | None, says: str
+) -> None:
+    limits = tmp_path / "backups.limits"
+    if text is not None:
+        limits.write_text(text)
+    with pytest.raises(OptionError) as err:
+        parse_options(split_options([f"metered_limit={limits}"]))
+    message = str(err.value)
+    assert says in message and str(limits) in message and "\n" not in message, message
 
 
 def test_a_window_applies_from_its_first_minute_to_before_its_last_and_may_cross_midnight() -> None:

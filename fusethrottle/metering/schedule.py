@@ -1,4 +1,5 @@
-"""Time-of-day schedules for the ceilings: ``metered_limit=100M,01:00-06:00=20M``.
+"""Time-of-day schedules for the ceilings: ``metered_limit=100M,01:00-06:00=20M``, or the
+same in a file (``metered_limit=/etc/fusethrottle/backups.limits``, one entry per line).
 
 Pure: a schedule is a base value and windows of local wall-clock time, each with its own
 value; what applies is asked with the minute of the day. Wall-clock minutes make it DST-safe
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 _WINDOW_RE = re.compile(r"^(\d{1,2}):(\d{2})-(\d{1,2}):(\d{2})$")
+_WINDOW_START_RE = re.compile(r"^\d{1,2}:\d{2}-")
 DAY = 24 * 60
 
 
@@ -77,6 +79,32 @@ def parse_window(text: str, parse_value: Callable[[str], float]) -> Window:
     if start == end % DAY:
         raise ScheduleError(f"an empty or whole-day window in {text!r}: set the value itself")
     return Window(start, end % DAY, parse_value(raw))
+
+
+def schedule_file_items(text: str) -> list[str]:
+    """A schedule file's *text* as the option's items: the base value first, then each window.
+
+    One entry per line, ``#`` starts a comment: a bare value is the base (the value outside
+    every window, at most one line; none: 0, no ceiling), ``HH:MM-HH:MM = VALUE`` a window (the
+    first that covers a minute wins, as inline). Values are checked by the option's parser."""
+    base: str | None = None
+    windows: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        entry = line.partition("#")[0].strip()
+        if not entry:
+            continue
+        span, eq, value = (part.strip() for part in entry.partition("="))
+        if eq or _WINDOW_START_RE.match(entry):
+            if not _WINDOW_RE.match(span):
+                raise ScheduleError(f"line {number}: expected HH:MM-HH:MM = VALUE, got {entry!r}")
+            windows.append(f"{span}={value}")
+        elif base is None:
+            base = entry
+        else:
+            raise ScheduleError(
+                f"line {number}: a second base value {entry!r} (the first was {base!r})"
+            )
+    return [base or "0", *windows]
 
 
 def local_minute(seconds: float) -> int:

@@ -126,7 +126,7 @@ def apply_reload(config: Config, text: str) -> tuple[Config, list[Change]]:
     fixed = [
         f.name
         for f in dataclasses.fields(Config)
-        if f.name not in LIVE
+        if f.name not in _LIVE_FIELDS  # a ceiling's schedule changes with it
         and f.name not in _DERIVED
         and getattr(wanted, f.name) != getattr(config, f.name)
     ]

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..metering.meter import PROFILES, profile
-from ..metering.schedule import ScheduleError, Window, parse_window
+from ..metering.schedule import ScheduleError, Window, parse_window, schedule_file_items
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -402,12 +402,28 @@ def split_options(groups: Iterable[str]) -> list[str]:
 
 
 def parse_scheduled(raw: str) -> tuple[float, tuple[Window, ...]]:
-    """``100M,01:00-06:00=20M`` -> (base rate, windows)."""
+    """``100M,01:00-06:00=20M`` -> (base rate, windows); an absolute path names a schedule
+    file with the same entries one per line, read now (at mount, ``set`` and each reload)."""
+    if raw.startswith("/"):
+        return _parse_schedule_file(raw)
     base, *windows = raw.split(",")
     try:
         return parse_rate(base), tuple(parse_window(w, parse_rate) for w in windows)
     except ScheduleError as err:
         raise OptionError(str(err)) from None
+
+
+def _parse_schedule_file(path: str) -> tuple[float, tuple[Window, ...]]:
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as err:
+        raise OptionError(f"schedule file {path}: {err.strerror}") from None
+    try:
+        base, *windows = schedule_file_items(text)
+        return parse_rate(base), tuple(parse_window(w, parse_rate) for w in windows)
+    except (ScheduleError, OptionError) as err:
+        raise OptionError(f"schedule file {path}: {err}") from None
 
 
 def _check_engine(raw: str) -> None:
