@@ -336,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--target", type=Path, help="where the backup goes (default: --work)")
     p.add_argument(
+        "--guard-min",
+        help="the guarded arm's guard_min= (the daemon's default, 4M, when left out): a floor "
+        "near what the backup reaches unthrottled leaves the guard nothing to take",
+    )
+    p.add_argument(
         "--schedule",
         help="a target that dips: a loop device whose write rate follows this schedule in each "
         "arm (e.g. none:8s,15M:14s,none:30s; none: unthrottled)",
@@ -358,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"bench.pgguard: {err}", file=sys.stderr)
         return 2
+    if args.guard_min:
+        guard += f",guard_min={args.guard_min}"
     if args.target is not None and steps is not None:
         print(
             "bench.pgguard: --target and --schedule: give one (a schedule is a loop device)",
