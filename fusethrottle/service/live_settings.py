@@ -18,6 +18,7 @@ from .options import (
     OptionError,
     parse_live,
     parse_options,
+    read_settings_file,
     replace,
     split_options,
 )
@@ -99,11 +100,7 @@ def instance_settings(path: str) -> tuple[str, str]:
     path as a glob: the instance of a mount point with a dash (``mnt-ft\\x2dreload``) names a
     file whose backslash the glob drops, so the service could not start. OptionError: one line.
     """
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as err:
-        raise OptionError(f"cannot read {path}: {err.strerror}") from None
+    text = read_settings_file(path, "settings file")
     try:
         conf = read_conf(text)
     except OptionError as err:

@@ -413,12 +413,17 @@ def parse_scheduled(raw: str) -> tuple[float, tuple[Window, ...]]:
         raise OptionError(str(err)) from None
 
 
-def _parse_schedule_file(path: str) -> tuple[float, tuple[Window, ...]]:
+def read_settings_file(path: str, what: str) -> str:
+    """The text of a file the settings name (*what*: how the one line calls it)."""
     try:
         with open(path) as f:
-            text = f.read()
+            return f.read()
     except OSError as err:
-        raise OptionError(f"schedule file {path}: {err.strerror}") from None
+        raise OptionError(f"cannot read {what} {path}: {err.strerror}") from None
+
+
+def _parse_schedule_file(path: str) -> tuple[float, tuple[Window, ...]]:
+    text = read_settings_file(path, "schedule file")
     try:
         base, *windows = schedule_file_items(text)
         return parse_rate(base), tuple(parse_window(w, parse_rate) for w in windows)
